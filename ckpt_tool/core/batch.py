@@ -1,0 +1,51 @@
+"""Effective-batch arithmetic: global batch = micro-batch x grad accumulation x data-parallel size. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_tool.errors import CkptError, ExitCode
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    micro_batch: int
+    grad_accum: int
+    dp_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch", "grad_accum", "dp_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.dp_size
+
+
+def resolve_batch(dp_size: int, micro_batch: int | None, grad_accum: int | None, global_batch: int | None) -> BatchConfig:
+    """Fill in the missing values of (micro-batch, grad accumulation, global batch) for ``dp_size``.
+
+    Given all three, they must agree; given the global batch and one other, the third is derived
+    when it divides exactly; the global batch alone means grad accumulation 1. Without a global
+    batch: micro-batch 8 and grad accumulation 1 unless given.
+    """
+    if global_batch is None:
+        return BatchConfig(micro_batch or 8, grad_accum or 1, dp_size)
+    hint = "choose a global batch divisible by micro-batch x ranks (x grad accumulation), or give only two of --micro-batch, --grad-accum, --global-batch"
+    if micro_batch is not None and grad_accum is not None:
+        product = micro_batch * grad_accum * dp_size
+        if product != global_batch:
+            raise CkptError(f"micro-batch {micro_batch} x grad accumulation {grad_accum} x {dp_size} ranks = {product}, not the global batch {global_batch}", hint, ExitCode.USAGE)
+        return BatchConfig(micro_batch, grad_accum, dp_size)
+    if micro_batch is None:
+        grad_accum = grad_accum or 1
+        micro_batch, rest = divmod(global_batch, grad_accum * dp_size)
+        what = f"grad accumulation {grad_accum} x {dp_size} ranks"
+    else:
+        grad_accum, rest = divmod(global_batch, micro_batch * dp_size)
+        what = f"micro-batch {micro_batch} x {dp_size} ranks"
+    if rest or micro_batch < 1 or grad_accum < 1:
+        raise CkptError(f"global batch {global_batch} is not divisible by {what}", hint, ExitCode.USAGE)
+    return BatchConfig(micro_batch, grad_accum, dp_size)

@@ -1,0 +1,28 @@
+"""What a bit-identical resume depends on, and which differences break it. Pure.
+
+Measured on this project's reference recipe (../shared/notes/torch-dcp-on-cpu.md): the world
+size, the intra-op thread count (LayerNorm gradients change bits between 1 and 2 threads), the
+torch version and the parameter dtype all change the arithmetic. When one differs, the resume is
+still correct but no longer bit-identical, and the user is told which and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+TRAJECTORY_KEYS: dict[str, str] = {
+    "world_size": "a different world size changes the reduction order (use `ckpt reshard` to plan it)",
+    "threads": "a different intra-op thread count changes floating-point summation order",
+    "torch": "a different torch version may change kernels",
+    "dtype": "a different parameter dtype changes every operation",
+    "device_type": "a different device type uses different kernels",
+}
+
+
+def trajectory_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Human-readable reasons why resuming ``saved`` under ``current`` will not be bit-identical."""
+    reasons = []
+    for key, why in TRAJECTORY_KEYS.items():
+        if key in saved and key in current and saved[key] != current[key]:
+            reasons.append(f"{key}: checkpoint {saved[key]!r}, now {current[key]!r} ({why})")
+    return reasons

@@ -1,0 +1,113 @@
+"""Names on disk: step directories, partial (staging) directories, the pointer and the index.
+
+Pure: no filesystem access. Every place that needs to parse or build a name calls this module,
+so the step-parsing rule exists exactly once.
+
+    DIR/
+      LATEST                      pointer: the name of the newest committed step directory
+      index.jsonl                 append-only event log (commits, validations, quarantines)
+      .lock                       filelock guarding commits, pointer moves and deletions
+      step_00000040/              a committed checkpoint (manifest written last)
+        ckpt_manifest.json
+        .metadata  __0_0.distcp  __1_0.distcp ...   (PyTorch DCP)
+        rank_00000.state.json ...                    (per-rank JSON state: RNG, data position)
+      .step_00000050.partial/     a save in progress (never a checkpoint)
+      .step_00000030.deleting/    a retention delete in progress
+      quarantine/                 damaged or superseded checkpoints, never deleted automatically
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+LATEST_NAME = "LATEST"
+INDEX_NAME = "index.jsonl"
+LOCK_NAME = ".lock"
+QUARANTINE_NAME = "quarantine"
+MANIFEST_NAME = "ckpt_manifest.json"
+DCP_METADATA_NAME = ".metadata"
+STEP_DIGITS = 8
+MAX_STEP = 10**STEP_DIGITS - 1
+
+_STEP_RE = re.compile(r"^step_(\d{%d})$" % STEP_DIGITS)
+_PARTIAL_RE = re.compile(r"^\.step_(\d{%d})\.partial$" % STEP_DIGITS)
+_DELETING_RE = re.compile(r"^\.step_(\d{%d})\.deleting$" % STEP_DIGITS)
+_RANK_STATE_RE = re.compile(r"^rank_(\d{5})\.state\.json$")
+_DCP_SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+
+
+class EntryKind(Enum):
+    STEP = "step"
+    PARTIAL = "partial"
+    DELETING = "deleting"
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    kind: EntryKind
+    step: int
+    name: str
+
+
+def _check_step(step: int) -> int:
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step must be an integer in [0, {MAX_STEP}], got {step!r}")
+    return step
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{_check_step(step):0{STEP_DIGITS}d}"
+
+
+def partial_dir_name(step: int) -> str:
+    return f".{step_dir_name(step)}.partial"
+
+
+def deleting_dir_name(step: int) -> str:
+    return f".{step_dir_name(step)}.deleting"
+
+
+def rank_state_name(rank: int) -> str:
+    return f"rank_{rank:05d}.state.json"
+
+
+def parse_entry(name: str) -> DirEntry | None:
+    """Classify a name found in a checkpoint directory; None for anything that is not ours."""
+    for kind, regex in ((EntryKind.STEP, _STEP_RE), (EntryKind.PARTIAL, _PARTIAL_RE), (EntryKind.DELETING, _DELETING_RE)):
+        m = regex.match(name)
+        if m:
+            return DirEntry(kind, int(m.group(1)), name)
+    return None
+
+
+def parse_step_dir_name(name: str) -> int | None:
+    entry = parse_entry(name)
+    return entry.step if entry is not None and entry.kind is EntryKind.STEP else None
+
+
+def rank_of_file(name: str) -> int | None:
+    """The rank that wrote a file of a checkpoint: DCP shards ``__R_i.distcp`` and ``rank_R.state.json``.
+
+    The DCP ``.metadata`` and our manifest are written by the coordinator (rank 0).
+    """
+    m = _DCP_SHARD_RE.match(name) or _RANK_STATE_RE.match(name)
+    if m:
+        return int(m.group(1))
+    if name == DCP_METADATA_NAME:
+        return 0
+    return None
+
+
+def format_pointer(step: int) -> str:
+    return step_dir_name(step) + "\n"
+
+
+def parse_pointer(text: str) -> int:
+    """Parse the content of LATEST; raises ValueError on anything but one step directory name."""
+    name = text.strip()
+    step = parse_step_dir_name(name)
+    if step is None or text not in (name, name + "\n"):
+        raise ValueError(f"LATEST should hold one step directory name like 'step_00000040', found {text[:60]!r}")
+    return step

@@ -1,0 +1,12 @@
+"""Recovery decisions: which checkpoint to resume from, and where to fall back. Pure."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def fallback_step(committed: Iterable[int], below: int | None) -> int | None:
+    """The newest committed step strictly older than ``below`` (the newest of all when None)."""
+    candidates = [s for s in committed if below is None or s < below]
+    return max(candidates) if candidates else None
+

@@ -1,0 +1,53 @@
+"""Comparing a manifest with what is on disk. Pure: the store gathers sizes and hashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ckpt_tool.core.layout import MANIFEST_NAME
+from ckpt_tool.core.manifest import FileEntry
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    what: str
+    expected: str
+    found: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.what} (expected {self.expected}, found {self.found})"
+
+
+@dataclass(frozen=True)
+class DiskEntry:
+    """One name in a checkpoint directory, as listed without following links."""
+
+    bytes: int
+    regular: bool  # a regular file (not a symlink, directory, device...)
+
+
+def structure_problems(files: tuple[FileEntry, ...], on_disk: Mapping[str, DiskEntry]) -> list[Problem]:
+    problems = []
+    for entry in files:
+        found = on_disk.get(entry.path)
+        if found is None:
+            problems.append(Problem(entry.path, "missing file", f"{entry.bytes} bytes", "nothing"))
+        elif not found.regular:
+            problems.append(Problem(entry.path, "not a regular file (symlink or special file)", "regular file", "other"))
+        elif found.bytes != entry.bytes:
+            problems.append(Problem(entry.path, "size differs (truncated or replaced)", f"{entry.bytes} bytes", f"{found.bytes} bytes"))
+    listed = {f.path for f in files}
+    for name in sorted(on_disk):
+        if name not in listed and name != MANIFEST_NAME:
+            problems.append(Problem(name, "extra file not in the manifest", "absent", f"{on_disk[name].bytes} bytes"))
+    return problems
+
+
+def hash_problems(files: tuple[FileEntry, ...], digests: Mapping[str, str]) -> list[Problem]:
+    return [
+        Problem(entry.path, "content hash differs (damaged, or copied from another step or run)", entry.hash, digests[entry.path])
+        for entry in files
+        if entry.path in digests and digests[entry.path] != entry.hash
+    ]

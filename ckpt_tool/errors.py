@@ -1,0 +1,30 @@
+"""The one error type of ckpt-tool: a message that says what is wrong and a hint that says what to do.
+
+The CLI turns it into a friendly message in one place (``ckpt_tool.cli.main``); library callers
+can catch it and read ``.message``, ``.hint`` and ``.exit_code``.
+"""
+
+from __future__ import annotations
+
+
+class ExitCode:
+    """Exit codes of the ``ckpt`` commands (documented in README.md)."""
+
+    OK = 0
+    FAILED = 1  # a check failed (e.g. validate found damage) or the run failed
+    USAGE = 2  # bad command line or bad input
+    NOT_FOUND = 3  # no checkpoint directory / no valid checkpoint
+    CONFLICT = 4  # the checkpoint does not fit the run (world size, format version)
+
+
+class CkptError(Exception):
+    """A failure the user can act on: ``message`` says what is wrong, ``hint`` what to do next."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.FAILED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message

@@ -1,0 +1,318 @@
+"""Reference recipe: a small GPT trained on CPU with FSDP2, used by the demo, the tests and the benchmarks.
+
+    torchrun --standalone --nproc-per-node 2 -m ckpt_tool.recipes.tiny_gpt \\
+        --ckpt-dir DIR --steps 40 --save-every 10 --metrics metrics.jsonl
+
+Embeddings, causal attention with dropout, MLP, layer norm; AdamW, linear warm-up + cosine LR,
+gradient clipping, gradient accumulation; a shuffled, rank-partitioned stream over a
+deterministic corpus generated from a seed. One JSON line per optimizer step goes to
+``--metrics`` (loss with full float precision), appended across restarts; the run resumes
+from the newest valid checkpoint in ``--ckpt-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ckpt_tool.core.batch import BatchConfig, resolve_batch
+from ckpt_tool.core.retention import RetentionPolicy
+from ckpt_tool.errors import CkptError
+from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
+from ckpt_tool.training.probe import ProbeSpec
+
+ENTRY_POINT = "ckpt_tool.recipes.tiny_gpt:build_for_verify"
+CRASH_MARKER = ".tiny_gpt_crashed_at_{step}"
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab: int = 256
+    seq_len: int = 64
+    d_model: int = 192
+    n_layer: int = 4
+    n_head: int = 4
+    dropout: float = 0.1
+
+
+class Block(nn.Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = c.n_head
+        self.ln1 = nn.LayerNorm(c.d_model)
+        self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
+        self.proj = nn.Linear(c.d_model, c.d_model)
+        self.attn_drop = nn.Dropout(c.dropout)
+        self.ln2 = nn.LayerNorm(c.d_model)
+        self.mlp = nn.Sequential(nn.Linear(c.d_model, 4 * c.d_model), nn.GELU(), nn.Linear(4 * c.d_model, c.d_model), nn.Dropout(c.dropout))
+        self.register_buffer("mask", torch.tril(torch.ones(c.seq_len, c.seq_len, dtype=torch.bool)), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_head)
+        att = self.attn_drop(att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(dim=-1))
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(c.vocab, c.d_model)
+        self.pos = nn.Embedding(c.seq_len, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.ln_f = nn.LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1])))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    logits = model(batch["inputs"])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1))
+
+
+# ----------------------------------------------------------------------------- data
+def make_corpus(n_tokens: int, vocab: int, seed: int) -> torch.Tensor:
+    """A deterministic token stream with learnable structure: a sparse random Markov chain."""
+    g = torch.Generator().manual_seed(seed)
+    succ = torch.randint(0, vocab, (vocab, 4), generator=g)  # each token has 4 likely successors
+    choice = torch.randint(0, 4, (n_tokens,), generator=g)
+    noise = torch.rand(n_tokens, generator=g) < 0.1
+    rand_tok = torch.randint(0, vocab, (n_tokens,), generator=g)
+    out = torch.empty(n_tokens, dtype=torch.long)
+    tok = 0
+    for i in range(n_tokens):  # ~0.2 s for 200k tokens
+        tok = int(rand_tok[i]) if noise[i] else int(succ[tok, choice[i]])
+        out[i] = tok
+    return out
+
+
+class GlobalSampler:
+    """Shuffled order over the samples of an epoch, consumed a global batch at a time.
+
+    The state is (epoch, position): how many samples of this epoch's permutation the whole job
+    has consumed. It does not depend on the world size, so a resume at another world size maps
+    onto it without skipping or repeating a sample.
+    """
+
+    def __init__(self, n_samples: int, seed: int) -> None:
+        self.n_samples, self.seed = n_samples, seed
+        self.epoch, self.position = 0, 0
+        self._perm = self._permutation()
+
+    def _permutation(self) -> torch.Tensor:
+        return torch.randperm(self.n_samples, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
+
+    def next_global_batch(self, size: int) -> torch.Tensor:
+        if self.position + size > self.n_samples:  # drop the incomplete tail, next epoch
+            self.epoch, self.position = self.epoch + 1, 0
+            self._perm = self._permutation()
+        batch = self._perm[self.position : self.position + size]
+        self.position += size
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._perm = self._permutation()
+
+
+def micro_batch_indices(global_batch: torch.Tensor, batch: BatchConfig, rank: int, micro: int) -> torch.Tensor:
+    """The samples rank ``rank`` uses in accumulation step ``micro``: a contiguous slice."""
+    start = (micro * batch.dp_size + rank) * batch.micro_batch
+    return global_batch[start : start + batch.micro_batch]
+
+
+class Corpus:
+    def __init__(self, c: GPTConfig, n_tokens: int, seed: int) -> None:
+        self.tokens = make_corpus(n_tokens, c.vocab, seed)
+        self.seq_len = c.seq_len
+        self.n_samples = (n_tokens - 1) // c.seq_len
+
+    def batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        starts = indices * self.seq_len
+        offsets = torch.arange(self.seq_len + 1)
+        windows = self.tokens[starts[:, None] + offsets[None, :]]
+        return {"inputs": windows[:, :-1].contiguous(), "targets": windows[:, 1:].contiguous()}
+
+
+# ----------------------------------------------------------------------------- building blocks
+def lr_lambda(warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def build_model(c: GPTConfig, seed: int) -> nn.Module:
+    """The same initial weights on every rank, then sharded with FSDP2 when distributed."""
+    torch.manual_seed(seed)
+    model = TinyGPT(c)
+    if dist.is_initialized():
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    return model
+
+
+def probe_batch(corpus: Corpus, size: int = 4) -> dict[str, torch.Tensor]:
+    return corpus.batch(torch.arange(size))
+
+
+def build_for_verify(world_size: int = 1, **overrides: Any) -> tuple[nn.Module, Any]:
+    """Entry point for ``ckpt verify``: the model (initial weights) and the probe loss function."""
+    return build_model(GPTConfig(**overrides), seed=0), lm_loss
+
+
+def init_distributed() -> None:
+    if "RANK" not in os.environ:  # plain `python -m`: a one-process group so FSDP2 works the same
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo")
+
+
+def crash_now(ckpt_dir: Path, step: int) -> None:
+    """Die like a power cut (SIGKILL), once: a marker file records that it happened."""
+    marker = ckpt_dir / CRASH_MARKER.format(step=step)
+    if marker.exists():
+        return
+    marker.write_text(f"crashed at step {step}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ckpt_tool.recipes.tiny_gpt", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt-dir", type=Path, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--metrics", type=Path, required=True)
+    p.add_argument("--async-save", action="store_true")
+    p.add_argument("--micro-batch", type=int)
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--global-batch", type=int)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--crash-at-step", type=int, action="append", default=[], help="rank 0 dies with SIGKILL at the start of this step, once (repeatable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--d-model", type=int, default=GPTConfig.d_model)
+    p.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
+    p.add_argument("--seq-len", type=int, default=GPTConfig.seq_len)
+    p.add_argument("--corpus-tokens", type=int, default=200_000)
+    p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--keep-every", type=int)
+    p.add_argument("--save-delay", type=float, default=0.0, help="test hook: seconds of extra delay between writing and committing a save")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        return train(args, rank, world)
+    except CkptError as exc:
+        print(f"rank {rank}: error: {exc.message}\n  hint: {exc.hint}", file=sys.stderr)
+        return 2
+    finally:
+        dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, rank: int, world: int) -> int:
+    c = GPTConfig(seq_len=args.seq_len, d_model=args.d_model, n_layer=args.n_layer, dropout=args.dropout)
+    batch = resolve_batch(world, args.micro_batch, args.grad_accum, args.global_batch)
+    corpus = Corpus(c, args.corpus_tokens, seed=1234)
+    model = build_model(c, args.seed)
+    # Each rank has its own RNG stream for dropout: restored from the checkpoint on resume.
+    torch.manual_seed(args.seed * 7919 + 17 * rank + 1)
+    random.seed(args.seed + rank)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.warmup, args.steps))
+    sampler = GlobalSampler(corpus.n_samples, args.seed)
+    manager = CheckpointManager(
+        CheckpointConfig(
+            args.ckpt_dir,
+            save_every=args.save_every,
+            async_save=args.async_save,
+            retention=RetentionPolicy(args.keep_last, args.keep_every),
+            entry_point=ENTRY_POINT,
+            test_commit_delay_s=args.save_delay,
+        ),
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=sampler,
+        probe=ProbeSpec(probe_batch(corpus), lm_loss),
+        batch=batch,
+    )
+    start = manager.resume() or 0
+    counters = {"samples": 0, "tokens": 0, **manager.extra}
+    metrics = open(args.metrics, "a", encoding="utf-8") if rank == 0 else None
+    try:
+        for step in range(start + 1, args.steps + 1):
+            if rank == 0 and step in args.crash_at_step:
+                crash_now(args.ckpt_dir, step)
+            global_batch = sampler.next_global_batch(batch.global_batch)
+            loss_sum = torch.zeros(())
+            for micro in range(batch.grad_accum):
+                data = corpus.batch(micro_batch_indices(global_batch, batch, rank, micro))
+                loss = lm_loss(model, data) / batch.grad_accum
+                loss.backward()
+                loss_sum += loss.detach()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            dist.all_reduce(loss_sum)
+            counters["samples"] += batch.global_batch
+            counters["tokens"] += batch.global_batch * c.seq_len
+            if metrics is not None:
+                # json writes floats with repr: full precision, exact round-trip
+                line = {"step": step, "loss": float(loss_sum) / world, "lr": float(lr), "grad_norm": float(grad_norm)}
+                metrics.write(json.dumps(line) + "\n")
+                metrics.flush()
+            manager.maybe_save(step, extra=counters)
+        manager.close()
+    finally:
+        if metrics is not None:
+            metrics.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

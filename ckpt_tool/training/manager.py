@@ -1,0 +1,376 @@
+"""The checkpoint manager a training loop calls: ``resume()`` once, ``maybe_save(step)`` every step.
+
+It hides DCP, staging, hashing, the commit protocol, the pointer and retention::
+
+    mgr = CheckpointManager(CheckpointConfig("ckpts", save_every=50, async_save=True),
+                            model=model, optimizer=opt, scheduler=sched, data=sampler)
+    start = mgr.resume() or 0          # the step to continue after (None: fresh start)
+    for step in range(start + 1, total + 1):
+        ...train one optimizer step...
+        mgr.maybe_save(step)
+    mgr.close()
+
+Every rank calls every method (they are collective). Model and optimizer go through DCP
+(sharded, FSDP2-aware, readable by torch's own tools); everything else a rank owns (RNG states,
+scheduler, scaler, data position, user extras) goes into a per-rank JSON file, never a pickle.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.exactness import trajectory_differences
+from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
+from ckpt_tool.core.recovery import fallback_step
+from ckpt_tool.core.retention import RetentionPolicy
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.checksums import hash_files
+from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training import rng, state_codec
+from ckpt_tool.training.comm import Comm
+from ckpt_tool.training.probe import ProbeSpec, measure
+from ckpt_tool.training.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+
+log = logging.getLogger("ckpt_tool")
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    directory: Path | str
+    save_every: int = 0  # 0: only explicit save() calls
+    async_save: bool = False
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    validate_on_resume: bool = True  # hash-check the checkpoint before loading it
+    max_fallbacks: int = 3  # damaged checkpoints skipped on resume before giving up
+    exit_wait_s: float = 120.0  # how long exit / SIGTERM waits for an in-flight save
+    io_threads: int = 2  # DCP writer threads (files per rank)
+    entry_point: str | None = None  # "module:function" that builds the model for `ckpt verify`
+    test_commit_delay_s: float = 0.0  # test hook: a slow filesystem between write and commit
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.save_every, int) or self.save_every < 0:
+            raise ValueError(f"save_every must be a non-negative integer, got {self.save_every!r}")
+        if self.io_threads < 1:
+            raise ValueError(f"io_threads must be >= 1, got {self.io_threads!r}")
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None = None,
+        scaler: Any | None = None,
+        data: Stateful | None = None,
+        probe: ProbeSpec | None = None,
+        batch: BatchConfig | None = None,
+        parallelism: dict[str, int] | None = None,
+    ) -> None:
+        self.config = config
+        self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
+        self.probe_spec = probe
+        self.batch = batch
+        self.comm = Comm()
+        self.parallelism = parallelism or {"dp_shard": self.comm.world_size}
+        self.store = self._open_store(Path(config.directory))
+        self.run_id: str | None = None
+        self.extra: dict[str, Any] = {}  # user extras restored by resume()
+        self.last_saved_step: int | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
+        self._inflight: Future | None = None
+        self._staging: Future | None = None
+        self._stager = None
+        self._closed = False
+        self._lock = threading.Lock()
+        optimizer.register_step_pre_hook(lambda *_: self.wait_for_staging())
+        atexit.register(self.close)
+        if threading.current_thread() is threading.main_thread():
+            self._previous_term = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _open_store(self, directory: Path) -> CheckpointStore:
+        """Rank 0 creates the directory; every rank learns whether that worked."""
+        error: CkptError | None = None
+        if self.comm.is_coordinator:
+            try:
+                CheckpointStore(directory, create=True)
+            except CkptError as exc:
+                error = exc
+        error = self.comm.broadcast(error)
+        if error is not None:
+            raise error
+        return CheckpointStore(directory)
+
+    # ------------------------------------------------------------------ environment
+    def _env(self) -> dict[str, Any]:
+        first = next(self.model.parameters(), None)
+        return {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "world_size": self.comm.world_size,
+            "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
+            "device_type": first.device.type if first is not None else None,
+        }
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> int | None:
+        """Load the newest valid checkpoint; returns its step, or None on a fresh start.
+
+        A damaged newest checkpoint (hash or structure) is quarantined and the previous one
+        used, up to ``max_fallbacks`` times. Collective: every rank calls it.
+        """
+        self.wait()
+        if self.comm.is_coordinator:
+            for action in self.store.clean_up_after_crash(roll_forward=lambda s: self.store.validate(s).ok):
+                log.warning("ckpt: %s", action)
+        for _ in range(self.config.max_fallbacks + 1):
+            candidate = self.comm.broadcast(self._candidate() if self.comm.is_coordinator else None)
+            if isinstance(candidate, CkptError):
+                raise candidate
+            if candidate is None:
+                return None
+            problems = self._distributed_validate(candidate)
+            if not problems:
+                return self._load(candidate)
+            if self.comm.is_coordinator:
+                self._fall_back(candidate, problems)
+            self.comm.barrier()
+        raise CkptError(
+            f"no valid checkpoint in {self.store.root}: the newest {self.config.max_fallbacks + 1} were damaged and quarantined",
+            f"inspect {self.store.quarantine_root} and the index; run `ckpt validate --all`",
+            ExitCode.NOT_FOUND,
+        )
+
+    def _candidate(self) -> int | None | CkptError:
+        try:
+            latest = self.store.read_latest()
+            if latest is not None and (self.store.step_path(latest) / layout.MANIFEST_NAME).is_file():
+                return latest
+            if latest is None and not self.store.committed_on_disk():
+                return None
+            reason = "LATEST names a missing checkpoint" if latest is not None else "LATEST is missing"
+        except CkptError as exc:
+            reason = exc.message
+        step = fallback_step(self.store.committed_on_disk(), None)
+        if step is None:
+            return CkptError(f"{reason} and no committed checkpoint is left in {self.store.root}", "start the run from scratch in a new directory, or restore from quarantine/", ExitCode.NOT_FOUND)
+        log.warning("ckpt: %s; falling back to step %d", reason, step)
+        self.store.set_latest(step, reason)
+        return step
+
+    def _distributed_validate(self, step: int) -> list[str]:
+        if not self.config.validate_on_resume:
+            return []
+        world = self.comm.world_size
+        # Each rank hashes a share of the files (all of them when the world size changed).
+        try:
+            manifest = self.store.read_manifest(step)
+            mine = {r for r in range(manifest.world_size) if r % world == self.comm.rank}
+            result = self.store.validate(step, ranks=mine)
+            problems = [str(p) for p in result.problems]
+        except CkptError as exc:
+            problems = [exc.message]
+        return sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
+
+    def _fall_back(self, bad: int, problems: list[str]) -> None:
+        reason = "; ".join(problems[:5])
+        log.error("ckpt: checkpoint step %d is damaged (%s): quarantining it", bad, reason)
+        self.store.quarantine(bad, reason)
+        previous = fallback_step(self.store.committed_on_disk(), bad)
+        if previous is not None:
+            self.store.set_latest(previous, f"step {bad} damaged: {reason}")
+
+    def _load(self, step: int) -> int:
+        path = self.store.step_path(step)
+        manifest = self.store.read_manifest(step)
+        if manifest.world_size != self.comm.world_size:
+            raise CkptError(
+                f"checkpoint step {step} was written by {manifest.world_size} ranks, this run has {self.comm.world_size}",
+                f"run `ckpt reshard {self.store.root} --world-size {self.comm.world_size}` to plan the new batch split, then resume",
+                ExitCode.CONFLICT,
+            )
+        for why in trajectory_differences(manifest.env, self._env()):
+            log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=self.comm.group, no_dist=not self.comm.distributed)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rank_file = path / layout.rank_state_name(self.comm.rank)
+        rank_state = state_codec.loads(rank_file.read_bytes(), str(rank_file))
+        self._restore_rank_state(rank_state)
+        self.run_id = manifest.run_id
+        self.last_saved_step = step
+        log.info("ckpt: resumed from %s (step %d)", path, step)
+        return step
+
+    def _restore_rank_state(self, state: dict[str, Any]) -> None:
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.data is not None:
+            self.data.load_state_dict(state["data"])
+        self.extra = state.get("extra") or {}
+        rng.restore(state["rng"])
+
+    # ------------------------------------------------------------------ save
+    def maybe_save(self, step: int, extra: dict[str, Any] | None = None) -> bool:
+        if self.config.save_every and step % self.config.save_every == 0:
+            self.save(step, extra)
+            return True
+        return False
+
+    def save(self, step: int, extra: dict[str, Any] | None = None) -> None:
+        """Checkpoint the state after optimizer step ``step``. Collective.
+
+        Sync: returns when the checkpoint is committed. Async: returns once staging has started;
+        the copy to CPU memory must finish before the next optimizer step (a step pre-hook
+        waits for it); writing, hashing and committing run in the background.
+        """
+        if self._closed:
+            raise CkptError("save() after close()", "create a new CheckpointManager")
+        self.wait()  # at most one save in flight
+        if self.run_id is None:
+            self.run_id = self.comm.broadcast(uuid.uuid4().hex[:16] if self.comm.is_coordinator else None)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        probe = measure(self.model, self.probe_spec, lr, step) if self.probe_spec is not None else None
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        if self.probe_spec is not None:
+            state["probe"] = self.probe_spec.batch
+        rank_json = state_codec.dumps(self._rank_state(step, extra))
+        partial = self.store.partial_path(step)
+        partial.mkdir(parents=True, exist_ok=True)
+        writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=self.config.io_threads, overwrite=True)
+        commit_args = (step, rank_json, probe, time.time(), self._env())
+        if self.config.async_save:
+            response = dcp.async_save(
+                state,
+                storage_writer=writer,
+                process_group=self.comm.group,
+                async_stager=self._get_stager(),
+                no_dist=not self.comm.distributed,
+            )
+            self._staging = response.staging_completion
+            self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
+        else:
+            dcp.save(state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
+            self._finish(None, *commit_args)
+        self.last_saved_step = step
+
+    def _get_stager(self) -> Any:
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: PLC0415 (async only)
+
+            accel = torch.cuda.is_available()
+            # One staging buffer, cached and reused across saves; pinned + non-blocking on GPUs.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=accel, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=accel))
+        return self._stager
+
+    def _rank_state(self, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "step": step,
+            "rng": rng.capture(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "data": self.data.state_dict() if self.data is not None else None,
+            "extra": extra or {},
+        }
+
+    def _finish(self, upload: Future | None, step: int, rank_json: bytes, probe: Probe | None, created_at: float, env: dict[str, Any]) -> None:
+        """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
+        if upload is not None:
+            upload.result()
+        if self.config.test_commit_delay_s:
+            time.sleep(self.config.test_commit_delay_s)
+        partial = self.store.partial_path(step)
+        atomic_write(partial / layout.rank_state_name(self.comm.rank), rank_json)
+        rank = self.comm.rank
+        mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
+        assert self.run_id is not None
+        entries = [FileEntry(d.name, d.bytes, d.hash, rank) for d in hash_files(partial, mine, self.run_id, step)]
+        gathered = self.comm.all_gather(entries)
+        error: str | None = None
+        if self.comm.is_coordinator:
+            try:
+                manifest = Manifest(
+                    run_id=self.run_id,
+                    step=step,
+                    created_at=created_at,
+                    world_size=self.comm.world_size,
+                    files=tuple(sorted((e for es in gathered for e in es), key=lambda e: e.path)),
+                    batch=self.batch,
+                    parallelism=self.parallelism,
+                    env=env,
+                    probe=probe,
+                    entry_point=self.config.entry_point,
+                )
+                self.store.commit(step, manifest)
+                self.store.apply_retention(self.config.retention)
+            except (OSError, CkptError) as exc:
+                error = f"commit of step {step} failed: {exc}"
+        error = self.comm.broadcast(error)
+        if error is not None:
+            raise CkptError(error, f"the previous checkpoint is intact; check free space and permissions in {self.store.root}")
+
+    # ------------------------------------------------------------------ waiting and shutdown
+    def wait_for_staging(self) -> None:
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            staging.result()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the in-flight save (staging and commit); re-raise its failure."""
+        self.wait_for_staging()
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result(timeout=timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.wait(timeout=self.config.exit_wait_s if timeout is None else timeout)
+        finally:
+            self._executor.shutdown(wait=False)
+            if self._stager is not None:
+                self._stager.close()
+            self.comm.close()
+            atexit.unregister(self.close)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM: let an in-flight save commit (up to ``exit_wait_s``), then die as SIGTERM would."""
+        try:
+            self.close()
+        except BaseException as exc:  # noqa: BLE001 - dying anyway; say why the save was lost
+            log.error("ckpt: in-flight save lost at SIGTERM: %s", exc)
+        signal.signal(signal.SIGTERM, self._previous_term if callable(self._previous_term) else signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,99 @@
+"""Reading DCP checkpoints without running code from them.
+
+torch's ``FileSystemReader.read_metadata`` unpickles ``.metadata`` with plain ``pickle.load``,
+and ``DefaultLoadPlanner.load_bytes`` loads non-tensor entries with ``torch.load(weights_only=
+False)``. Both run whatever a hostile file asks. Here ``.metadata`` is read by an unpickler that
+resolves only the handful of DCP metadata classes (plain data holders), and byte entries load
+with ``weights_only=True`` (primitive types and tensors only). A refused class raises
+``CkptError`` naming it.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+from ckpt_tool.errors import CkptError
+
+_ALLOWED: dict[str, frozenset[str]] = {
+    "torch.distributed.checkpoint.metadata": frozenset(
+        {
+            "Metadata",
+            "MetadataIndex",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "ChunkStorageMetadata",
+            "BytesStorageMetadata",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        }
+    ),
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
+    "torch.serialization": frozenset({"_get_layout"}),  # a lookup in a table of torch layouts
+    "torch": frozenset({"Size"}),
+    "pathlib": frozenset({"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"}),
+    "collections": frozenset({"OrderedDict"}),
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Resolves only allow-listed metadata classes and torch dtype constants."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CkptError(
+            f"refused to load {module}.{name} from checkpoint metadata: it is not a DCP metadata type",
+            "the .metadata file is damaged or hostile; do not load it with torch's own reader either: "
+            "run `ckpt validate` and `ckpt rollback`",
+        )
+
+
+def load_metadata_safely(stream: io.BufferedIOBase) -> Metadata:
+    try:
+        metadata = RestrictedUnpickler(stream).load()
+    except CkptError:
+        raise
+    except Exception as exc:  # damaged bytes raise any of pickle's many error types
+        raise CkptError(f"the DCP .metadata is unreadable ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`") from None
+    if not isinstance(metadata, Metadata):
+        raise CkptError(f"the DCP .metadata holds a {type(metadata).__name__}, not DCP Metadata", "run `ckpt validate` and `ckpt rollback`")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = load_metadata_safely(f)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """Loads non-tensor entries (optimizer hyper-parameters...) with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CkptError(
+                f"refused to load the checkpoint entry {read_item.dest_index.fqn!r}: it is not plain data ({exc})".splitlines()[0],
+                "the checkpoint is damaged or hostile: run `ckpt validate` and `ckpt rollback`",
+            ) from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
