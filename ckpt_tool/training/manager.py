@@ -48,7 +48,7 @@ from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import rng, state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.probe import ProbeSpec, measure
-from ckpt_tool.training.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from ckpt_tool.training.safe_dcp import load_state
 
 log = logging.getLogger("ckpt_tool")
 
@@ -219,7 +219,7 @@ class CheckpointManager:
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=self.comm.group, no_dist=not self.comm.distributed)
+        load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rank_file = path / layout.rank_state_name(self.comm.rank)
         rank_state = state_codec.loads(rank_file.read_bytes(), str(rank_file))

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import io
 import pickle
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -97,3 +100,26 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def load_state(state: dict[str, Any], path: Path, process_group: Any = None, no_dist: bool = False) -> None:
+    """``dcp.load`` into ``state`` in place, refusing hostile metadata before DCP reads it.
+
+    DCP wraps every failure in ``CheckpointException`` (a BaseException); it is turned back into
+    the ``CkptError`` that caused it, or a ``CkptError`` naming the first failure.
+    """
+    metadata_path = path / ".metadata"
+    try:
+        with open(metadata_path, "rb") as f:
+            load_metadata_safely(f)
+    except FileNotFoundError:
+        raise CkptError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=process_group, no_dist=no_dist)
+    except CheckpointException as exc:
+        failures = list(exc.failures.values())
+        for failure in failures:
+            if isinstance(failure, CkptError):
+                raise failure from None
+        first = failures[0] if failures else exc
+        raise CkptError(f"loading {path} failed: {type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}", "run `ckpt validate` and `ckpt rollback`") from None

@@ -1,0 +1,49 @@
+"""Shared fixtures: running the reference recipe under real torchrun (2 ranks, gloo, FSDP2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckpt_tool.recipes.launch import FAST_ARGS, read_metrics, recipe_args, run, torchrun_command
+
+STEPS = 40
+SAVE_EVERY = 5
+
+
+class Recipe:
+    """Runs the reference recipe in ``root``: same arguments every time, like a restarted job."""
+
+    def __init__(self, root: Path, nproc: int = 2, steps: int = STEPS, save_every: int = SAVE_EVERY, extra: tuple[str, ...] = ()) -> None:
+        self.root = root
+        self.ckpt_dir = root / "ckpt"
+        self.metrics = root / "metrics.jsonl"
+        self.log = root / "log.txt"
+        self.nproc = nproc
+        self.args = recipe_args(self.ckpt_dir, self.metrics, steps, save_every, *FAST_ARGS, *extra)
+
+    @property
+    def command(self) -> list[str]:
+        return torchrun_command(self.nproc, self.args)
+
+    def run(self, timeout: float = 300) -> int:
+        return run(self.command, self.log, timeout=timeout)
+
+    def run_until_done(self, max_attempts: int = 5) -> int:
+        """Restart after each crash, as a supervisor would; returns the number of attempts."""
+        for attempt in range(1, max_attempts + 1):
+            if self.run() == 0:
+                return attempt
+        raise AssertionError(f"recipe did not finish in {max_attempts} attempts; log:\n{self.log.read_text()[-4000:]}")
+
+    def metrics_lines(self):
+        return read_metrics(self.metrics)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> Recipe:
+    """One uninterrupted run of the recipe (sync saves), shared by the exact-resume tests."""
+    recipe = Recipe(tmp_path_factory.mktemp("reference"))
+    assert recipe.run() == 0, recipe.log.read_text()[-4000:]
+    return recipe

@@ -1,0 +1,206 @@
+"""CheckpointManager in one process (no torchrun): exact resume, fallback, errors, hostile files."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.manifest import Manifest
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.checksums import binding_seed, hash_file
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training.safe_dcp import load_state
+
+from .tiny import make_trainer
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def run_steps(trainer, first: int, last: int) -> list[float]:
+    losses = []
+    for step in range(first, last + 1):
+        losses.append(trainer.step())
+        trainer.manager.maybe_save(step)
+    return losses
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_resume_is_bit_identical(tmp_path, async_save):
+    ref = make_trainer(tmp_path / "ref", save_every=0)
+    reference = run_steps(ref, 1, 10)
+    ref.manager.close()
+
+    a = make_trainer(tmp_path / "run", save_every=4, async_save=async_save)
+    first = run_steps(a, 1, 6)  # saves at 4; steps 5-6 are lost at the "crash"
+    a.manager.close()
+    torch.manual_seed(12345)  # the crash loses every RNG state
+    b = make_trainer(tmp_path / "run", seed=99, save_every=4, async_save=async_save)
+    start = b.manager.resume()
+    assert start == 4
+    resumed = run_steps(b, start + 1, 10)
+    b.manager.close()
+    assert first == reference[:6]
+    assert resumed == reference[4:]  # exact float equality, not approx
+
+
+def test_fresh_directory_resumes_to_none(tmp_path):
+    t = make_trainer(tmp_path / "new")
+    assert t.manager.resume() is None
+    t.manager.close()
+
+
+def test_manifest_records_what_the_trajectory_depends_on(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=1)
+    run_steps(t, 1, 1)
+    t.manager.close()
+    m = CheckpointStore(tmp_path / "c").read_manifest(1)
+    assert m.world_size == 1 and m.env["threads"] == torch.get_num_threads() and m.env["dtype"] == "float32"
+    assert m.env["torch"] == torch.__version__
+    assert m.probe is not None and m.probe.step == 1 and m.probe.loss > 0 and m.probe.grad_norm > 0
+    assert {f.path for f in m.files} >= {".metadata", "__0_0.distcp", "rank_00000.state.json"}
+
+
+def test_probe_does_not_disturb_training(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=0)
+    t.step()
+    x = torch.randn(8, 16)
+    t.model(x).sum().backward()  # grads present at save time
+    grads = [p.grad.clone() for p in t.model.parameters()]
+    rng_before = torch.get_rng_state()
+    t.manager.save(1)
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, t.model.parameters()))
+    assert t.model.training
+    t.manager.close()
+
+
+def test_damaged_newest_checkpoint_is_quarantined_and_previous_used(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=2)
+    run_steps(t, 1, 4)
+    t.manager.close()
+    shard = tmp_path / "c" / "step_00000004" / "__0_0.distcp"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    shard.write_bytes(bytes(raw))
+    t2 = make_trainer(tmp_path / "c", save_every=2)
+    assert t2.manager.resume() == 2
+    t2.manager.close()
+    store = CheckpointStore(tmp_path / "c")
+    assert store.read_latest() == 2
+    assert not store.step_path(4).exists()
+    assert [e.event for e in store.events()][-2:] == ["quarantine", "rollback"]
+
+
+def test_garbage_latest_falls_back_to_newest_on_disk(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=2)
+    run_steps(t, 1, 4)
+    t.manager.close()
+    (tmp_path / "c" / "LATEST").write_bytes(b"\xff\xfe junk")
+    t2 = make_trainer(tmp_path / "c")
+    assert t2.manager.resume() == 4
+    t2.manager.close()
+
+
+def test_every_checkpoint_damaged_is_a_clear_error(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=1)
+    run_steps(t, 1, 2)
+    t.manager.close()
+    for step in (1, 2):
+        (tmp_path / "c" / layout.step_dir_name(step) / "__0_0.distcp").write_bytes(b"x")
+    t2 = make_trainer(tmp_path / "c")
+    with pytest.raises(CkptError) as err:
+        t2.manager.resume()
+    assert err.value.exit_code == ExitCode.NOT_FOUND and "no committed checkpoint is left" in err.value.message
+
+
+def rewrite_manifest(directory: Path, step: int, **changes) -> None:
+    path = directory / layout.step_dir_name(step) / layout.MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_world_size_mismatch_is_refused_with_reshard_hint(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=1)
+    run_steps(t, 1, 1)
+    t.manager.close()
+    rewrite_manifest(tmp_path / "c", 1, world_size=2)
+    t2 = make_trainer(tmp_path / "c")
+    with pytest.raises(CkptError) as err:
+        t2.manager.resume()
+    assert err.value.exit_code == ExitCode.CONFLICT and "ckpt reshard" in err.value.hint
+
+
+def test_unknown_format_version_is_refused(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=1)
+    run_steps(t, 1, 1)
+    t.manager.close()
+    rewrite_manifest(tmp_path / "c", 1, format_version=99)
+    t2 = make_trainer(tmp_path / "c", max_fallbacks=0)
+    with pytest.raises(CkptError) as err:
+        t2.manager.resume()
+    assert "no valid checkpoint" in err.value.message  # version 99 cannot be read: never loaded
+
+
+class Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hostile_dcp_metadata_is_refused_without_running_it(tmp_path):
+    t = make_trainer(tmp_path / "c", save_every=1)
+    run_steps(t, 1, 1)
+    t.manager.close()
+    d = tmp_path / "c" / "step_00000001"
+    marker = tmp_path / "pwned"
+    (d / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
+    # An attacker who can write files can also fix the manifest's hash: the loader must hold anyway.
+    m = Manifest.from_json((d / layout.MANIFEST_NAME).read_text())
+    digest = hash_file(d / ".metadata", binding_seed(m.run_id, 1, ".metadata"))
+    files = [f if f.path != ".metadata" else f.__class__(".metadata", digest.bytes, digest.hash, 0) for f in m.files]
+    (d / layout.MANIFEST_NAME).write_text(Manifest(**{**m.__dict__, "files": tuple(files)}).to_json())
+    t2 = make_trainer(tmp_path / "c", max_fallbacks=0)
+    with pytest.raises(CkptError, match="refused to load posix.system|refused to load os.system"):
+        t2.manager.resume()
+    assert not marker.exists()
+
+
+def test_hostile_byte_entry_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "pwned"
+    dcp.save({"evil": Payload(str(marker)), "w": torch.ones(2)}, checkpoint_id=tmp_path / "d", no_dist=True)
+    target = {"evil": None, "w": torch.zeros(2)}
+    with pytest.raises(CkptError, match="refused to load the checkpoint entry 'evil'"):
+        load_state(target, tmp_path / "d", no_dist=True)
+    assert not marker.exists()
+
+
+def test_sigterm_waits_for_the_inflight_async_save(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent.parent.parent)!r})
+        from tests.integration.tiny import make_trainer
+        t = make_trainer({str(tmp_path / "c")!r}, async_save=True, test_commit_delay_s=2.0)
+        t.step()
+        t.manager.save(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("not reached")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -15, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert CheckpointStore(tmp_path / "c").read_latest() == 1

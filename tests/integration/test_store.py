@@ -1,0 +1,175 @@
+"""The store on a real filesystem, without torch: commit, pointer, validation, clean-up, retention."""
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.manifest import FileEntry, Manifest
+from ckpt_tool.core.retention import RetentionPolicy
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.checksums import hash_files
+from ckpt_tool.store.store import CheckpointStore
+
+
+def stage(store: CheckpointStore, step: int, run_id: str = "run1", payload: bytes | None = None) -> Manifest:
+    """Write a staged checkpoint of two 'rank' files and return its manifest (not committed)."""
+    partial = store.partial_path(step)
+    partial.mkdir()
+    data = {"__0_0.distcp": payload or os.urandom(1000) , "__1_0.distcp": os.urandom(500), ".metadata": b"meta"}
+    for name, content in data.items():
+        (partial / name).write_bytes(content)
+    digests = hash_files(partial, sorted(data), run_id, step)
+    files = tuple(FileEntry(d.name, d.bytes, d.hash, layout.rank_of_file(d.name)) for d in digests)
+    return Manifest(run_id=run_id, step=step, created_at=time.time(), world_size=2, files=files)
+
+
+def commit(store: CheckpointStore, step: int, **kw) -> Manifest:
+    m = stage(store, step, **kw)
+    store.commit(step, m)
+    return m
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> CheckpointStore:
+    return CheckpointStore(tmp_path / "ckpts", create=True)
+
+
+def test_commit_moves_latest_and_logs(store):
+    assert store.read_latest() is None
+    commit(store, 10)
+    commit(store, 20)
+    assert store.read_latest() == 20
+    assert (store.root / "LATEST").read_text() == "step_00000020\n"
+    assert not store.partial_path(20).exists()
+    assert [(e.event, e.step) for e in store.events()] == [("commit", 10), ("commit", 20)]
+    assert store.validate(20).ok
+
+
+def test_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(CkptError) as err:
+        CheckpointStore(tmp_path / "nope")
+    assert err.value.exit_code == ExitCode.NOT_FOUND and "does not exist" in err.value.message
+
+
+def test_garbage_latest_is_reported_with_rollback_hint(store):
+    commit(store, 10)
+    (store.root / "LATEST").write_bytes(b"\x00garbage")
+    with pytest.raises(CkptError) as err:
+        store.read_latest()
+    assert "LATEST" in err.value.message and "rollback" in err.value.hint
+
+
+@pytest.mark.parametrize("damage", ["bitflip", "truncate", "delete", "extra", "symlink"])
+def test_validate_names_each_problem(store, tmp_path, damage):
+    commit(store, 10)
+    d = store.step_path(10)
+    shard = d / "__0_0.distcp"
+    if damage == "bitflip":
+        raw = bytearray(shard.read_bytes())
+        raw[500] ^= 0x04
+        shard.write_bytes(bytes(raw))
+        expect = ("__0_0.distcp", "content hash differs")
+    elif damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:-1])
+        expect = ("__0_0.distcp", "size differs")
+    elif damage == "delete":
+        shard.unlink()
+        expect = ("__0_0.distcp", "missing file")
+    elif damage == "extra":
+        (d / "evil.py").write_text("x")
+        expect = ("evil.py", "extra file")
+    else:
+        outside = tmp_path / "outside"
+        outside.write_bytes(shard.read_bytes())
+        shard.unlink()
+        shard.symlink_to(outside)
+        expect = ("__0_0.distcp", "not a regular file")
+    result = store.validate(10)
+    assert not result.ok
+    assert [(p.file, p.what[: len(expect[1])]) for p in result.problems] == [expect]
+
+
+def test_shard_copied_from_another_step_is_detected_even_with_its_manifest_line(store):
+    m10 = commit(store, 10)
+    commit(store, 20)
+    # Copy step 10's shard into step 20 AND patch step 20's manifest with step 10's entry.
+    shutil.copy(store.step_path(10) / "__0_0.distcp", store.step_path(20) / "__0_0.distcp")
+    m20 = store.read_manifest(20)
+    entry10 = next(f for f in m10.files if f.path == "__0_0.distcp")
+    patched = Manifest(**{**m20.__dict__, "files": tuple(entry10 if f.path == entry10.path else f for f in m20.files)})
+    (store.step_path(20) / layout.MANIFEST_NAME).write_text(patched.to_json())
+    problems = store.validate(20).problems
+    assert [p.file for p in problems] == ["__0_0.distcp"]
+    assert "copied from another step" in problems[0].what
+
+
+def test_manifest_of_another_step_is_refused(store):
+    commit(store, 10)
+    commit(store, 20)
+    shutil.copy(store.step_path(10) / layout.MANIFEST_NAME, store.step_path(20) / layout.MANIFEST_NAME)
+    with pytest.raises(CkptError, match="describes step 10, not 20"):
+        store.read_manifest(20)
+
+
+def test_clean_up_removes_partials_and_half_deletes_and_rolls_forward(store):
+    commit(store, 10)
+    stage(store, 20)  # crash before the manifest: a partial
+    (store.root / layout.deleting_dir_name(5)).mkdir()  # crash during a retention delete
+    m30 = stage(store, 30)  # crash between rename and pointer move:
+    store.commit(30, m30)
+    (store.root / "LATEST").write_text(layout.format_pointer(10))
+    actions = store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    assert len(actions) == 3
+    assert store.read_latest() == 30
+    assert sorted(os.listdir(store.root)) == [".lock", "LATEST", "index.jsonl", "step_00000010", "step_00000030"]
+
+
+def test_clean_up_quarantines_an_invalid_unpointed_step(store):
+    commit(store, 10)
+    m = stage(store, 20)
+    store.commit(20, m)
+    (store.step_path(20) / "__1_0.distcp").write_bytes(b"short")
+    (store.root / "LATEST").write_text(layout.format_pointer(10))
+    store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    assert store.read_latest() == 10
+    assert not store.step_path(20).exists()
+    assert [p.name.split(".")[0] for p in store.quarantine_root.iterdir()] == ["step_00000020"]
+
+
+def test_retention_deletes_only_old_committed_steps_after_commit(store):
+    for s in (10, 20, 30, 40, 50):
+        commit(store, s)
+        store.apply_retention(RetentionPolicy(keep_last=2, keep_every=20))
+    assert store.committed_on_disk() == [20, 40, 50]
+    assert not any(n.endswith(".deleting") for n in os.listdir(store.root))
+    assert [e.step for e in store.events() if e.event == "delete"] == [10, 30]
+
+
+def test_retention_keeps_latest_after_a_rollback_and_never_touches_quarantine(store):
+    for s in (10, 20, 30):
+        commit(store, s)
+    store.quarantine(30, "bad")
+    store.set_latest(20, "step 30 bad")
+    assert store.apply_retention(RetentionPolicy(keep_last=1)) == [10]
+    assert store.committed_on_disk() == [20]
+    assert len(list(store.quarantine_root.iterdir())) == 1
+
+
+def test_commit_over_a_stale_unpointed_step_quarantines_it_first(store):
+    commit(store, 10)
+    commit(store, 20)
+    store.set_latest(10, "rolled back")
+    commit(store, 20)  # the run re-did step 20
+    assert store.read_latest() == 20 and store.validate(20).ok
+    assert len(list(store.quarantine_root.iterdir())) == 1
+
+
+def test_set_latest_refuses_a_missing_step(store):
+    commit(store, 10)
+    with pytest.raises(CkptError, match="no committed checkpoint"):
+        store.set_latest(99, "x")
+    assert store.read_latest() == 10
