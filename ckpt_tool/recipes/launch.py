@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import psutil
+
 # A small, fast configuration of the recipe for tests and the demo (about 0.1 s a step on 2 CPU ranks).
 FAST_ARGS = ("--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")
 
@@ -27,6 +29,25 @@ def run(cmd: Sequence[str], log: Path | None = None, timeout: float = 600, env: 
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "ab") if log is not None else open(os.devnull, "wb") as out:
         return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, env=full_env, start_new_session=True).returncode
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants, like a power cut.
+
+    torchrun starts each worker in a session of its own, so killing torchrun's process group
+    leaves the ranks running: collect the whole tree first, then kill every process in it.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,43 @@
+# Set-up is part of every target: a fresh machine needs only python3 (and apt as root for SLURM).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast bench slurm-up slurm-down clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first: a looser spec would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+## make demo: train the reference recipe, SIGKILL it mid-run, resume, show bit-identical losses.
+demo: $(STAMP)
+	$(VENV)/bin/ckpt demo
+
+## make test: the whole suite; starts a local SLURM cluster first when run as root with apt.
+test: $(STAMP)
+	@bash .ci/slurm-up-if-possible
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make test-fast: only the tests that need no torchrun (seconds).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+
+## make bench: measure the figures in BENCHMARKS.md (several minutes).
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+slurm-up:
+	bash .ci/slurm-up
+
+slurm-down:
+	bash .ci/slurm-down
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,85 @@
+"""Power-cut crashes: SIGKILL of the whole job (torchrun and both ranks) at random instants.
+
+Each trial restarts the same job in the same directory (so it also exercises the clean-up of what
+the previous crash left), waits until it is committing checkpoints (one every step, so most
+instants fall inside a save, commit, pointer move or retention delete), and kills the whole
+process group at a random moment. After every kill: LATEST names a complete, hash-valid
+checkpoint, and no committed checkpoint was lost (every commit in the index is on disk unless
+retention deleted it). ``CKPT_FAULT_TRIALS`` raises the count (the bench's long mode uses 200).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import time
+
+import pytest
+
+from ckpt_tool.core import layout
+from ckpt_tool.recipes.launch import FAST_ARGS, kill_tree, recipe_args, torchrun_command
+from ckpt_tool.store.store import CheckpointStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
+TRIALS = int(os.environ.get("CKPT_FAULT_TRIALS", "20"))
+
+
+def commits(store: CheckpointStore) -> int:
+    return sum(1 for e in store.events() if e.event == "commit")
+
+
+def leftovers(store: CheckpointStore) -> set[str]:
+    return {n for n in os.listdir(store.root) if (e := layout.parse_entry(n)) is not None and e.kind is not layout.EntryKind.STEP}
+
+
+def check_invariants(store: CheckpointStore) -> None:
+    latest = store.read_latest()
+    if latest is None:
+        assert commits(store) == 0, "a commit was recorded but LATEST is missing"
+        return
+    result = store.validate(latest)
+    assert result.ok, f"LATEST names a damaged checkpoint: {result.problems}"
+    gone = {e.step for e in store.events() if e.event in ("delete", "quarantine")}
+    on_disk = set(store.committed_on_disk())
+    lost = {e.step for e in store.events() if e.event == "commit"} - gone - on_disk
+    assert not lost, f"committed checkpoints lost: {sorted(lost)}"
+
+
+def test_sigkill_of_the_whole_job_never_breaks_latest(tmp_path):
+    rnd = random.Random(int(os.environ.get("CKPT_FAULT_SEED", "1234")))
+    ckpt = tmp_path / "ckpt"
+    log = open(tmp_path / "log.txt", "ab")
+    killed_inside_commit_window = 0
+    for trial in range(TRIALS):
+        mode = ("--async-save",) if trial % 2 else ()
+        args = recipe_args(ckpt, tmp_path / "m.jsonl", 100_000, 1, *FAST_ARGS, "--keep-last", "2", *mode)
+        before = commits(CheckpointStore(ckpt)) if ckpt.exists() else 0
+        events_before = len(CheckpointStore(ckpt).events()) if ckpt.exists() else 0
+        left_by_last_crash = leftovers(CheckpointStore(ckpt)) if ckpt.exists() else set()
+        proc = subprocess.Popen(torchrun_command(2, args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (ckpt.exists() and commits(CheckpointStore(ckpt)) > before):
+                assert proc.poll() is None, f"job exited early with {proc.returncode}; see {tmp_path / 'log.txt'}"
+                assert time.monotonic() < deadline, "no checkpoint committed within 120 s"
+                time.sleep(0.02)
+            # The job is now saving every step; die at a random instant.
+            time.sleep(rnd.uniform(0.0, 1.0))
+        finally:
+            kill_tree(proc.pid)
+            proc.wait()
+        store = CheckpointStore(ckpt)
+        # What the previous crash left was cleaned up by this start before it committed.
+        cleaned = {e.data.get("name") for e in store.events()[events_before:] if e.event == "cleanup"}
+        assert left_by_last_crash <= cleaned, f"not cleaned up: {left_by_last_crash - cleaned}"
+        if leftovers(store):
+            killed_inside_commit_window += 1
+        check_invariants(store)
+    # After the last crash, the next start's clean-up leaves only committed checkpoints.
+    store = CheckpointStore(ckpt)
+    store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    assert not leftovers(store)
+    check_invariants(store)
+    print(f"{TRIALS} trials, {killed_inside_commit_window} killed with a save in progress")
