@@ -204,3 +204,16 @@ def test_sigterm_waits_for_the_inflight_async_save(tmp_path):
     assert proc.returncode == -15, proc.stderr
     assert "not reached" not in proc.stdout
     assert CheckpointStore(tmp_path / "c").read_latest() == 1
+
+
+def test_resume_under_another_thread_count_says_it_will_not_be_bit_identical(tmp_path, caplog):
+    threads = torch.get_num_threads()
+    t = make_trainer(tmp_path / "c", save_every=1)
+    run_steps(t, 1, 1)
+    t.manager.close()
+    rewrite_manifest(tmp_path / "c", 1, env={**CheckpointStore(tmp_path / "c").read_manifest(1).env, "threads": threads + 1})
+    t2 = make_trainer(tmp_path / "c")
+    with caplog.at_level("WARNING", logger="ckpt_tool"):
+        assert t2.manager.resume() == 1
+    t2.manager.close()
+    assert any("will not be bit-identical" in r.message and "thread count" in r.message for r in caplog.records)
