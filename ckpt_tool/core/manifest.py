@@ -67,6 +67,7 @@ class Manifest:
     env: Mapping[str, Any] = field(default_factory=dict)
     probe: Probe | None = None
     entry_point: str | None = None
+    entry_kwargs: Mapping[str, Any] = field(default_factory=dict)  # JSON arguments for the entry point
     lineage: tuple[Mapping[str, Any], ...] = ()
     format_version: int = FORMAT_VERSION
     hash_algo: str = HASH_ALGO
@@ -79,6 +80,7 @@ class Manifest:
         data = asdict(self)
         data["parallelism"] = dict(self.parallelism)
         data["env"] = dict(self.env)
+        data["entry_kwargs"] = dict(self.entry_kwargs)
         data["lineage"] = [dict(x) for x in self.lineage]
         if self.batch is not None:
             data["batch"]["global_batch"] = self.batch.global_batch
@@ -192,5 +194,6 @@ def _parse(data: object) -> Manifest:
         env=_dict(data.get("env", {}), "env"),
         probe=probe,
         entry_point=None if entry_point is None else _str(entry_point, "entry_point", 512),
+        entry_kwargs=_dict(data.get("entry_kwargs", {}), "entry_kwargs"),
         lineage=tuple(_dict(x, "lineage[]") for x in lineage),
     )

@@ -10,3 +10,9 @@ def fallback_step(committed: Iterable[int], below: int | None) -> int | None:
     candidates = [s for s in committed if below is None or s < below]
     return max(candidates) if candidates else None
 
+
+
+def steps_to_quarantine_on_rollback(committed: Iterable[int], latest: int | None, target: int) -> list[int]:
+    """Rolling back to ``target`` quarantines every committed step after it up to LATEST
+    (all of them when LATEST is unknown): they are what the user judged bad."""
+    return sorted(s for s in committed if s > target and (latest is None or s <= latest))

@@ -189,9 +189,13 @@ def probe_batch(corpus: Corpus, size: int = 4) -> dict[str, torch.Tensor]:
     return corpus.batch(torch.arange(size))
 
 
-def build_for_verify(world_size: int = 1, **overrides: Any) -> tuple[nn.Module, Any]:
-    """Entry point for ``ckpt verify``: the model (initial weights) and the probe loss function."""
-    return build_model(GPTConfig(**overrides), seed=0), lm_loss
+def build_for_verify(world_size: int = 1, **config: Any) -> tuple[nn.Module, Any]:
+    """Entry point for ``ckpt verify``: the model (any weights: they are loaded) and the probe loss.
+
+    ``config`` is what the run recorded in the manifest (``entry_kwargs``); sharded with FSDP2
+    when torch.distributed is initialised (``ckpt verify --nproc N``).
+    """
+    return build_model(GPTConfig(**config), seed=0), lm_loss
 
 
 def init_distributed() -> None:
@@ -269,6 +273,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             async_save=args.async_save,
             retention=RetentionPolicy(args.keep_last, args.keep_every),
             entry_point=ENTRY_POINT,
+            entry_kwargs={"seq_len": c.seq_len, "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head, "vocab": c.vocab},
             test_commit_delay_s=args.save_delay,
         ),
         model=model,

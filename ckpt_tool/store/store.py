@@ -19,6 +19,7 @@ from filelock import FileLock, Timeout
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import IndexEvent, format_event, parse_index
+from ckpt_tool.core.listing import Row, build_rows
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.retention import RetentionPolicy, steps_to_delete
 from ckpt_tool.core.validation import DiskEntry, Problem, hash_problems, structure_problems
@@ -39,6 +40,19 @@ class ValidationResult:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def commit_summary(manifest: Manifest) -> dict[str, object]:
+    """What ``ckpt list`` shows of a checkpoint, kept in the index so listing reads no manifest."""
+    return {
+        "step": manifest.step,
+        "bytes": manifest.total_bytes,
+        "run_id": manifest.run_id,
+        "world_size": manifest.world_size,
+        "global_batch": manifest.batch.global_batch if manifest.batch is not None else None,
+        "probe_loss": manifest.probe.loss if manifest.probe is not None else None,
+        "created_at": manifest.created_at,
+    }
 
 
 class CheckpointStore:
@@ -173,6 +187,32 @@ class CheckpointStore:
                 steps.append(entry.step)
         return sorted(steps)
 
+    def rows(self) -> list[Row]:
+        """``ckpt list``: one directory listing plus the index; manifests only for steps the
+        index does not describe (an index lost or truncated)."""
+        entries = list(self._scan())
+        committed = [e.step for e in entries if e.kind is layout.EntryKind.STEP and (self.root / e.name / layout.MANIFEST_NAME).is_file()]
+        events = self.events()
+        known = {e.step for e in events if e.event == "commit"}
+        summaries = {}
+        for step in set(committed) - known:
+            try:
+                summaries[step] = commit_summary(self.read_manifest(step))
+            except CkptError:
+                pass
+        quarantined = []
+        if self.quarantine_root.is_dir():
+            for name in sorted(os.listdir(self.quarantine_root)):
+                step = layout.parse_step_dir_name(name.split(".")[0])
+                if step is not None:
+                    quarantined.append((step, name))
+        partial = [e.step for e in entries if e.kind is layout.EntryKind.PARTIAL]
+        return build_rows(committed, partial, quarantined, events, self._latest_or_none(), summaries)
+
+    def record_check(self, step: int, kind: str, ok: bool, problems: list[str]) -> None:
+        """Record a validation or verification result in the index (``validated`` / ``verified``)."""
+        self.append_event(kind, step=step, ok=ok, problems=problems[:20])
+
     def _scan(self) -> Iterator[layout.DirEntry]:
         with os.scandir(self.root) as it:
             for e in it:
@@ -201,7 +241,7 @@ class CheckpointStore:
             os.rename(partial, target)
             fsync_dir(self.root)
             self._write_latest(step)
-            self.append_event("commit", step=step, bytes=manifest.total_bytes, run_id=manifest.run_id)
+            self.append_event("commit", **commit_summary(manifest))
         finally:
             lock.release()
         return target

@@ -49,6 +49,8 @@ from ckpt_tool.training import rng, state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.safe_dcp import load_state
+from ckpt_tool.training.validate import validate_step
+from ckpt_tool.training.verify import check_loaded_model
 
 log = logging.getLogger("ckpt_tool")
 
@@ -66,10 +68,12 @@ class CheckpointConfig:
     async_save: bool = False
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     validate_on_resume: bool = True  # hash-check the checkpoint before loading it
+    verify_on_resume: bool = True  # re-measure the probe after loading (needs probe=)
     max_fallbacks: int = 3  # damaged checkpoints skipped on resume before giving up
     exit_wait_s: float = 120.0  # how long exit / SIGTERM waits for an in-flight save
     io_threads: int = 2  # DCP writer threads (files per rank)
     entry_point: str | None = None  # "module:function" that builds the model for `ckpt verify`
+    entry_kwargs: dict[str, Any] = field(default_factory=dict)  # JSON keyword arguments for it
     test_commit_delay_s: float = 0.0  # test hook: a slow filesystem between write and commit
 
     def __post_init__(self) -> None:
@@ -147,7 +151,7 @@ class CheckpointManager:
         """
         self.wait()
         if self.comm.is_coordinator:
-            for action in self.store.clean_up_after_crash(roll_forward=lambda s: self.store.validate(s).ok):
+            for action in self.store.clean_up_after_crash(roll_forward=lambda s: validate_step(self.store, s).ok):
                 log.warning("ckpt: %s", action)
         for _ in range(self.config.max_fallbacks + 1):
             candidate = self.comm.broadcast(self._candidate() if self.comm.is_coordinator else None)
@@ -157,7 +161,10 @@ class CheckpointManager:
                 return None
             problems = self._distributed_validate(candidate)
             if not problems:
-                return self._load(candidate)
+                self._load(candidate)
+                problems = self._verify_loaded(candidate)
+                if not problems:
+                    return candidate
             if self.comm.is_coordinator:
                 self._fall_back(candidate, problems)
             self.comm.barrier()
@@ -192,10 +199,21 @@ class CheckpointManager:
         try:
             manifest = self.store.read_manifest(step)
             mine = {r for r in range(manifest.world_size) if r % world == self.comm.rank}
-            result = self.store.validate(step, ranks=mine)
+            result = validate_step(self.store, step, ranks=mine)
             problems = [str(p) for p in result.problems]
         except CkptError as exc:
             problems = [exc.message]
+        return sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
+
+    def _verify_loaded(self, step: int) -> list[str]:
+        """The probe checks on the freshly loaded state (``ckpt verify`` in-process)."""
+        if not self.config.verify_on_resume or self.probe_spec is None or self.store.read_manifest(step).probe is None:
+            return []
+        try:
+            report = check_loaded_model(self.model, self.probe_spec.loss_fn, self.store, step, self.comm.world_size, self.comm.rank, self.comm.group)
+            problems = [f"verify {c.name}: recorded {c.recorded!r}, measured {c.measured!r} ({c.how})" for c in report.checks if not c.ok]
+        except CkptError as exc:
+            problems = [f"verify: {exc.message}"]
         return sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
 
     def _fall_back(self, bad: int, problems: list[str]) -> None:
@@ -330,6 +348,7 @@ class CheckpointManager:
                     env=env,
                     probe=probe,
                     entry_point=self.config.entry_point,
+                    entry_kwargs=self.config.entry_kwargs,
                 )
                 self.store.commit(step, manifest)
                 self.store.apply_retention(self.config.retention)

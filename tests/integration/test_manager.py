@@ -173,8 +173,14 @@ def test_hostile_dcp_metadata_is_refused_without_running_it(tmp_path):
     files = [f if f.path != ".metadata" else f.__class__(".metadata", digest.bytes, digest.hash, 0) for f in m.files]
     (d / layout.MANIFEST_NAME).write_text(Manifest(**{**m.__dict__, "files": tuple(files)}).to_json())
     t2 = make_trainer(tmp_path / "c", max_fallbacks=0)
-    with pytest.raises(CkptError, match="refused to load posix.system|refused to load os.system"):
+    with pytest.raises(CkptError, match="no valid checkpoint"):
         t2.manager.resume()
+    assert not marker.exists()
+    [quarantine] = [e for e in CheckpointStore(tmp_path / "c").events() if e.event == "quarantine"]
+    assert "DCP metadata unreadable" in quarantine.data["reason"] and "refused to load posix.system" in quarantine.data["reason"]
+    # and loading it directly, past validation, refuses too
+    with pytest.raises(CkptError, match="refused to load posix.system"):
+        load_state({"model": {}}, next((tmp_path / "c" / "quarantine").iterdir()), no_dist=True)
     assert not marker.exists()
 
 

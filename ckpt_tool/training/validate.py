@@ -1,0 +1,39 @@
+"""Validation of a checkpoint: structure and hashes (the store) plus DCP metadata readable.
+
+Used by ``ckpt validate``, ``ckpt rollback`` and the manager's resume, so all three judge a
+checkpoint the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.validation import Problem
+from ckpt_tool.errors import CkptError
+from ckpt_tool.store.store import CheckpointStore, ValidationResult
+from ckpt_tool.training.safe_dcp import load_metadata_safely
+
+
+def validate_step(
+    store: CheckpointStore,
+    step: int,
+    ranks: set[int] | None = None,
+    threads: int | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> ValidationResult:
+    result = store.validate(step, ranks, threads, on_bytes)
+    if result.manifest is None or (ranks is not None and 0 not in ranks):
+        return result
+    if any(p.file == layout.DCP_METADATA_NAME for p in result.problems):
+        return result  # already named: missing, wrong size or wrong hash
+    listed = {f.path for f in result.manifest.files}
+    extra: list[Problem] = []
+    try:
+        with open(store.step_path(step) / layout.DCP_METADATA_NAME, "rb") as f:
+            metadata = load_metadata_safely(f)
+        referenced = {info.relative_path for info in (metadata.storage_data or {}).values()}
+        extra = [Problem(name, "referenced by the DCP metadata but not in the manifest", "listed", "absent") for name in sorted(referenced - listed)]
+    except (CkptError, OSError) as exc:
+        extra = [Problem(layout.DCP_METADATA_NAME, "DCP metadata unreadable", "DCP Metadata", getattr(exc, "message", str(exc)))]
+    return ValidationResult(step, result.problems + tuple(extra), result.manifest)
