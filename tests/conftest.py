@@ -15,9 +15,18 @@ SAVE_EVERY = 5
 class Recipe:
     """Runs the reference recipe in ``root``: same arguments every time, like a restarted job."""
 
-    def __init__(self, root: Path, nproc: int = 2, steps: int = STEPS, save_every: int = SAVE_EVERY, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nproc: int = 2,
+        steps: int = STEPS,
+        save_every: int = SAVE_EVERY,
+        extra: tuple[str, ...] = (),
+        ckpt_dir: Path | None = None,
+    ) -> None:
         self.root = root
-        self.ckpt_dir = root / "ckpt"
+        root.mkdir(parents=True, exist_ok=True)
+        self.ckpt_dir = ckpt_dir or root / "ckpt"
         self.metrics = root / "metrics.jsonl"
         self.log = root / "log.txt"
         self.nproc = nproc

@@ -12,7 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
-from ckpt_tool.cli import demo
+from ckpt_tool.cli import checkpoints, demo
 from ckpt_tool.errors import CkptError
 
 app = typer.Typer(
@@ -23,6 +23,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("demo")(demo.demo)
+app.command("list")(checkpoints.list_checkpoints)
+app.command("validate")(checkpoints.validate)
+app.command("verify")(checkpoints.verify)
+app.command("rollback")(checkpoints.rollback)
+app.command("prune")(checkpoints.prune)
 
 
 @app.callback()

@@ -187,6 +187,10 @@ class CheckpointStore:
                 steps.append(entry.step)
         return sorted(steps)
 
+    def step_dirs(self) -> list[int]:
+        """Every ``step_N`` directory, committed or not (a manifest may be missing or damaged)."""
+        return sorted(e.step for e in self._scan() if e.kind is layout.EntryKind.STEP)
+
     def rows(self) -> list[Row]:
         """``ckpt list``: one directory listing plus the index; manifests only for steps the
         index does not describe (an index lost or truncated)."""
@@ -207,7 +211,7 @@ class CheckpointStore:
                 if step is not None:
                     quarantined.append((step, name))
         partial = [e.step for e in entries if e.kind is layout.EntryKind.PARTIAL]
-        return build_rows(committed, partial, quarantined, events, self._latest_or_none(), summaries)
+        return build_rows(committed, partial, quarantined, events, self.latest_or_none(), summaries)
 
     def record_check(self, step: int, kind: str, ok: bool, problems: list[str]) -> None:
         """Record a validation or verification result in the index (``validated`` / ``verified``)."""
@@ -266,13 +270,14 @@ class CheckpointStore:
         try:
             if not (self.step_path(step) / layout.MANIFEST_NAME).is_file():
                 raise CkptError(f"step {step} has no committed checkpoint in {self.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND)
-            previous = self._latest_or_none()
+            previous = self.latest_or_none()
             self._write_latest(step)
             self.append_event(event, step=step, previous=previous, reason=reason)
         finally:
             lock.release()
 
-    def _latest_or_none(self) -> int | None:
+    def latest_or_none(self) -> int | None:
+        """LATEST's step, or None when it is missing or damaged (recovery paths only)."""
         try:
             return self.read_latest()
         except CkptError:
@@ -308,7 +313,7 @@ class CheckpointStore:
         actions = []
         lock = self._locked()
         try:
-            latest = self._latest_or_none()
+            latest = self.latest_or_none()
             for entry in sorted(self._scan(), key=lambda e: e.step):
                 path = self.root / entry.name
                 if entry.kind in (layout.EntryKind.PARTIAL, layout.EntryKind.DELETING):

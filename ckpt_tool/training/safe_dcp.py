@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,9 @@ def load_state(state: dict[str, Any], path: Path, process_group: Any = None, no_
     except FileNotFoundError:
         raise CkptError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=process_group, no_dist=no_dist)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:
         failures = list(exc.failures.values())
         for failure in failures:

@@ -58,7 +58,16 @@ def load_entry_point(spec: str) -> Callable[..., Any]:
 
 
 def build_from_entry_point(spec: str, world_size: int, kwargs: dict[str, Any]) -> tuple[nn.Module, Callable[..., torch.Tensor]]:
-    result = load_entry_point(spec)(world_size=world_size, **kwargs)
+    try:
+        result = load_entry_point(spec)(world_size=world_size, **kwargs)
+    except CkptError:
+        raise
+    except Exception as exc:  # the user's code: any error, reported with its type
+        raise CkptError(
+            f"entry point {spec!r} failed when called as {spec.partition(':')[2]}(world_size={world_size}, **{kwargs!r}): {type(exc).__name__}: {exc}",
+            "it must accept world_size and the manifest's entry_kwargs and return (model, loss_fn); run with --debug for the traceback",
+            ExitCode.USAGE,
+        ) from exc
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module) and callable(result[1])):
         raise CkptError(f"entry point {spec!r} returned {type(result).__name__}, not (model, loss_fn)", "return a tuple (torch.nn.Module, loss function(model, batch) -> scalar)", ExitCode.USAGE)
     return result
