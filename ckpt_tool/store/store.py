@@ -166,15 +166,17 @@ class CheckpointStore:
         ranks: set[int] | None = None,
         threads: int | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        hashes: bool = True,
     ) -> ValidationResult:
-        """Structure and content hashes of one checkpoint; ``ranks`` limits hashing to those ranks' files."""
+        """Structure and content hashes of one checkpoint; ``ranks`` limits hashing to those ranks'
+        files; ``hashes=False`` checks structure only (a loader that hashes as it reads)."""
         try:
             manifest = self.read_manifest(step)
         except CkptError as exc:
             return ValidationResult(step, (Problem(layout.MANIFEST_NAME, "unreadable manifest", "valid manifest", exc.message),), None)
         problems = structure_problems(manifest.files, self.list_entries(step))
         broken = {p.file for p in problems}
-        to_hash = [f for f in manifest.files if f.path not in broken and (ranks is None or f.rank in ranks)]
+        to_hash = [f for f in manifest.files if hashes and f.path not in broken and (ranks is None or f.rank in ranks)]
         digests = hash_files(self.step_path(step), [f.path for f in to_hash], manifest.run_id, step, threads, on_bytes)
         problems += hash_problems(manifest.files, {d.name: d.hash for d in digests})
         return ValidationResult(step, tuple(problems), manifest)

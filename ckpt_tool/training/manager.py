@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
+import xxhash
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -42,11 +43,12 @@ from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
 from ckpt_tool.core.recovery import fallback_step
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.checksums import hash_files
+from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import rng, state_codec
 from ckpt_tool.training.comm import Comm
+from ckpt_tool.training.hashing_fs import HashingFileSystem
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.safe_dcp import load_state
 from ckpt_tool.training.validate import validate_step
@@ -159,12 +161,13 @@ class CheckpointManager:
                 raise candidate
             if candidate is None:
                 return None
-            problems = self._distributed_validate(candidate)
+            problems = self._check_structure(candidate)
             if not problems:
-                self._load(candidate)
+                problems = self._load(candidate)
+            if not problems:
                 problems = self._verify_loaded(candidate)
-                if not problems:
-                    return candidate
+            if not problems:
+                return candidate
             if self.comm.is_coordinator:
                 self._fall_back(candidate, problems)
             self.comm.barrier()
@@ -191,19 +194,16 @@ class CheckpointManager:
         self.store.set_latest(step, reason)
         return step
 
-    def _distributed_validate(self, step: int) -> list[str]:
-        if not self.config.validate_on_resume:
-            return []
-        world = self.comm.world_size
-        # Each rank hashes a share of the files (all of them when the world size changed).
-        try:
-            manifest = self.store.read_manifest(step)
-            mine = {r for r in range(manifest.world_size) if r % world == self.comm.rank}
-            result = validate_step(self.store, step, ranks=mine)
-            problems = [str(p) for p in result.problems]
-        except CkptError as exc:
-            problems = [exc.message]
-        return sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
+    def _check_structure(self, step: int) -> list[str]:
+        """Rank 0 checks the files are all there with their sizes and the DCP metadata is safe
+        to read; the hashes are checked as the files are loaded (one read of the data)."""
+        problems: list[str] = []
+        if self.comm.is_coordinator and self.config.validate_on_resume:
+            try:
+                problems = [str(p) for p in validate_step(self.store, step, hashes=False).problems]
+            except CkptError as exc:
+                problems = [exc.message]
+        return self.comm.broadcast(problems)
 
     def _verify_loaded(self, step: int) -> list[str]:
         """The probe checks on the freshly loaded state (``ckpt verify`` in-process)."""
@@ -224,7 +224,9 @@ class CheckpointManager:
         if previous is not None:
             self.store.set_latest(previous, f"step {bad} damaged: {reason}")
 
-    def _load(self, step: int) -> int:
+    def _load(self, step: int) -> list[str]:
+        """Load model, optimizer and this rank's state, every file hash-checked as it is read.
+        Returns the problems that make this checkpoint unusable (the same on every rank)."""
         path = self.store.step_path(step)
         manifest = self.store.read_manifest(step)
         if manifest.world_size != self.comm.world_size:
@@ -235,17 +237,25 @@ class CheckpointManager:
             )
         for why in trajectory_differences(manifest.env, self._env()):
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed)
+        verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
+        problems: list[str] = []
+        try:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
+            rank_file = path / layout.rank_state_name(self.comm.rank)
+            rank_state = state_codec.loads(verify_fs.read_verified(rank_file), str(rank_file))
+        except CkptError as exc:
+            problems = [exc.message]
+        problems = sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
+        if problems:
+            return problems
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rank_file = path / layout.rank_state_name(self.comm.rank)
-        rank_state = state_codec.loads(rank_file.read_bytes(), str(rank_file))
         self._restore_rank_state(rank_state)
         self.run_id = manifest.run_id
         self.last_saved_step = step
         log.info("ckpt: resumed from %s (step %d)", path, step)
-        return step
+        return []
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         if self.scheduler is not None:
@@ -286,7 +296,9 @@ class CheckpointManager:
         partial = self.store.partial_path(step)
         partial.mkdir(parents=True, exist_ok=True)
         writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=self.config.io_threads, overwrite=True)
-        commit_args = (step, rank_json, probe, time.time(), self._env())
+        run_id = self.run_id
+        writer.fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))  # hashes as it writes
+        commit_args = (writer.fs, step, rank_json, probe, time.time(), self._env())
         if self.config.async_save:
             response = dcp.async_save(
                 state,
@@ -321,18 +333,22 @@ class CheckpointManager:
             "extra": extra or {},
         }
 
-    def _finish(self, upload: Future | None, step: int, rank_json: bytes, probe: Probe | None, created_at: float, env: dict[str, Any]) -> None:
+    def _finish(self, upload: Future | None, fs: HashingFileSystem, step: int, rank_json: bytes, probe: Probe | None, created_at: float, env: dict[str, Any]) -> None:
         """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
         if upload is not None:
             upload.result()
         if self.config.test_commit_delay_s:
             time.sleep(self.config.test_commit_delay_s)
         partial = self.store.partial_path(step)
-        atomic_write(partial / layout.rank_state_name(self.comm.rank), rank_json)
         rank = self.comm.rank
-        mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
+        state_name = layout.rank_state_name(rank)
         assert self.run_id is not None
-        entries = [FileEntry(d.name, d.bytes, d.hash, rank) for d in hash_files(partial, mine, self.run_id, step)]
+        atomic_write(partial / state_name, rank_json)
+        digests = {**fs.written, state_name: FileDigest(state_name, len(rank_json), xxhash.xxh3_128_hexdigest(rank_json, seed=binding_seed(self.run_id, step, state_name)))}
+        mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
+        unhashed = [n for n in mine if n not in digests]  # not written through DCP's stream: read back
+        digests.update({d.name: d for d in hash_files(partial, unhashed, self.run_id, step)})
+        entries = [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in mine]
         gathered = self.comm.all_gather(entries)
         error: str | None = None
         if self.comm.is_coordinator:

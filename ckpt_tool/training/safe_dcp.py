@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from ckpt_tool.errors import CkptError
+from ckpt_tool.training.hashing_fs import HashingFileSystem
 
 _ALLOWED: dict[str, frozenset[str]] = {
     "torch.distributed.checkpoint.metadata": frozenset(
@@ -103,26 +105,40 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def load_state(state: dict[str, Any], path: Path, process_group: Any = None, no_dist: bool = False) -> None:
+def load_state(
+    state: dict[str, Any],
+    path: Path,
+    process_group: Any = None,
+    no_dist: bool = False,
+    verify_with: HashingFileSystem | None = None,
+) -> None:
     """``dcp.load`` into ``state`` in place, refusing hostile metadata before DCP reads it.
 
-    DCP wraps every failure in ``CheckpointException`` (a BaseException); it is turned back into
-    the ``CkptError`` that caused it, or a ``CkptError`` naming the first failure.
+    With ``verify_with`` every file is hash-checked against the manifest as it is read (one
+    pass over the data). DCP wraps every failure in ``CheckpointException`` (a BaseException);
+    it is turned back into the ``CkptError`` that caused it, or a ``CkptError`` naming the first
+    failure.
     """
     metadata_path = path / ".metadata"
     try:
-        with open(metadata_path, "rb") as f:
+        with (verify_with or FileSystem()).create_stream(metadata_path, "rb") as f:
             load_metadata_safely(f)
     except FileNotFoundError:
         raise CkptError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
+    reader = SafeFileSystemReader(path)
+    if verify_with is not None:
+        reader.fs = verify_with
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=process_group, no_dist=no_dist)
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:
         failures = list(exc.failures.values())
         for failure in failures:
             if isinstance(failure, CkptError):
                 raise failure from None
         first = failures[0] if failures else exc
-        raise CkptError(f"loading {path} failed: {type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}", "run `ckpt validate` and `ckpt rollback`") from None
+        text = str(first)
+        if "CkptError" in text or "does not match the manifest" in text:  # a peer rank's CkptError, as text
+            raise CkptError(text.strip().splitlines()[-1], "the checkpoint is damaged: `ckpt rollback --auto` moves to the newest good one") from None
+        raise CkptError(f"loading {path} failed: {type(first).__name__}: {text.splitlines()[0] if text else ''}", "run `ckpt validate` and `ckpt rollback`") from None

@@ -21,8 +21,9 @@ def validate_step(
     ranks: set[int] | None = None,
     threads: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    hashes: bool = True,
 ) -> ValidationResult:
-    result = store.validate(step, ranks, threads, on_bytes)
+    result = store.validate(step, ranks, threads, on_bytes, hashes)
     if result.manifest is None or (ranks is not None and 0 not in ranks):
         return result
     if any(p.file == layout.DCP_METADATA_NAME for p in result.problems):

@@ -1,0 +1,104 @@
+"""A DCP filesystem that hashes what it writes and checks what it reads, in the same pass.
+
+Saving: every file DCP writes goes through a stream that feeds each written chunk to an
+xxh3-128 hasher (seeded with run, step and file name, see ``store.checksums``) on its way to
+disk. DCP writes each file sequentially (it only calls ``write`` and ``tell``), so the digest is
+that of the file; the commit never reads the data back.
+
+Loading: each file DCP opens is read once, whole and sequentially, its size and hash compared
+with the manifest *before* any byte of it is deserialized, and DCP then reads from memory. A
+damaged or substituted file raises ``CkptError`` naming it; a file the manifest does not list is
+refused. One read of the data instead of two (hash pass, then load), and nothing unverified is
+ever handed to ``torch.load``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Generator, Mapping
+
+import xxhash
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from ckpt_tool.core.manifest import FileEntry
+from ckpt_tool.errors import CkptError
+from ckpt_tool.store.checksums import FileDigest
+
+_TMP_SUFFIX = ".tmp"  # DCP writes .metadata as .metadata.tmp, then renames it
+
+
+class _HashingWriter(io.RawIOBase):
+    def __init__(self, raw: io.BufferedWriter, seed: int) -> None:
+        super().__init__()
+        self.raw = raw
+        self.hasher = xxhash.xxh3_128(seed=seed)
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        n = self.raw.write(b)  # a buffered file writes everything or raises
+        self.hasher.update(b)
+        self.size += n
+        return n
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+
+class HashingFileSystem(FileSystem):
+    """``seed_for(name)`` gives the binding seed of a file; ``expected`` (load only) the manifest's entries."""
+
+    def __init__(self, seed_for: Callable[[str], int], expected: Mapping[str, FileEntry] | None = None) -> None:
+        super().__init__()
+        self.seed_for = seed_for
+        self.expected = expected
+        self.written: dict[str, FileDigest] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
+        path = Path(path)
+        name = path.name.removesuffix(_TMP_SUFFIX)
+        if "w" in mode:
+            with open(path, mode) as raw:
+                writer = _HashingWriter(raw, self.seed_for(name))
+                yield writer
+                writer.flush()
+            self.written[path.name] = FileDigest(name, writer.size, writer.hasher.hexdigest())
+        elif self.expected is not None:
+            yield io.BytesIO(self.read_verified(path))
+        else:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+
+    def read_verified(self, path: Path) -> bytes:
+        """The whole file, after its size and hash matched the manifest."""
+        name = path.name
+        entry = self.expected.get(name) if self.expected is not None else None
+        if entry is None:
+            raise CkptError(f"{path} is not listed in the checkpoint's manifest: refused to load it", "run `ckpt validate` and `ckpt rollback`")
+        with open(path, "rb") as f:
+            data = f.read(entry.bytes + 1)
+        digest = xxhash.xxh3_128_hexdigest(data, seed=self.seed_for(name))
+        if len(data) != entry.bytes or digest != entry.hash:
+            raise CkptError(
+                f"{path} does not match the manifest (expected {entry.bytes} bytes, hash {entry.hash}; found {len(data)} bytes, hash {digest}): damaged, or copied from another step or run",
+                "the checkpoint is damaged: `ckpt rollback --auto` moves to the newest good one",
+            )
+        return data
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        digest = self.written.pop(Path(path).name, None)
+        if digest is not None:
+            self.written[Path(new_path).name] = digest
