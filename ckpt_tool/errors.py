@@ -15,6 +15,8 @@ class ExitCode:
     USAGE = 2  # bad command line or bad input
     NOT_FOUND = 3  # no checkpoint directory / no valid checkpoint
     CONFLICT = 4  # the checkpoint does not fit the run (world size, format version)
+    REQUEUE = 75  # `ckpt run`: stopped on request after committing a checkpoint: requeue me (EX_TEMPFAIL)
+    CRASH_LOOP = 76  # `ckpt run`: failures in a row without progress; restarting would not help
 
 
 class CkptError(Exception):

@@ -12,7 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
-from ckpt_tool.cli import checkpoints, demo
+from ckpt_tool.cli import checkpoints, demo, jobs
 from ckpt_tool.errors import CkptError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.command("validate")(checkpoints.validate)
 app.command("verify")(checkpoints.verify)
 app.command("rollback")(checkpoints.rollback)
 app.command("prune")(checkpoints.prune)
+app.command("run", context_settings={"allow_interspersed_args": False})(jobs.run)
 
 
 @app.callback()
@@ -57,3 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         if exc.hint:
             err_console.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
         sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

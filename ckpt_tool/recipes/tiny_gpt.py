@@ -18,8 +18,8 @@ import math
 import os
 import random
 import signal
-import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ from torch import nn
 from ckpt_tool.core.batch import BatchConfig, resolve_batch
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError
+from ckpt_tool.training.distributed import init_distributed
+from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
 from ckpt_tool.training.probe import ProbeSpec
 
@@ -198,22 +200,21 @@ def build_for_verify(world_size: int = 1, **config: Any) -> tuple[nn.Module, Any
     return build_model(GPTConfig(**config), seed=0), lm_loss
 
 
-def init_distributed() -> None:
-    if "RANK" not in os.environ:  # plain `python -m`: a one-process group so FSDP2 works the same
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo")
-
-
-def crash_now(ckpt_dir: Path, step: int) -> None:
-    """Die like a power cut (SIGKILL), once: a marker file records that it happened."""
+def crash_now(ckpt_dir: Path, step: int, repeat: bool = False) -> None:
+    """Die like a power cut (SIGKILL), once (a marker file records it) unless ``repeat``."""
     marker = ckpt_dir / CRASH_MARKER.format(step=step)
-    if marker.exists():
+    if marker.exists() and not repeat:
         return
     marker.write_text(f"crashed at step {step}\n")
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stall_once(ckpt_dir: Path, step: int, seconds: float) -> None:
+    """Test hook: a data loader that stalls (e.g. a slow shared filesystem), once."""
+    marker = ckpt_dir / f".tiny_gpt_stalled_at_{step}"
+    if not marker.exists():
+        marker.write_text(f"stalled at step {step}\n")
+        time.sleep(seconds)
 
 
 # ----------------------------------------------------------------------------- main
@@ -229,6 +230,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--crash-at-step", type=int, action="append", default=[], help="rank 0 dies with SIGKILL at the start of this step, once (repeatable)")
+    p.add_argument("--crash-repeat", action="store_true", help="test hook: crash at --crash-at-step on every attempt (a crash loop)")
+    p.add_argument("--data-stall-at-step", type=int, help="test hook: the data loader stalls at this step, once")
+    p.add_argument("--data-stall-s", type=float, default=20.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=5)
@@ -244,7 +248,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    init_distributed()
+    init_distributed("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         return train(args, rank, world)
@@ -284,16 +288,20 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         batch=batch,
     )
     start = manager.resume() or 0
+    hb = heartbeat()
     counters = {"samples": 0, "tokens": 0, **manager.extra}
     metrics = open(args.metrics, "a", encoding="utf-8") if rank == 0 else None
     try:
         for step in range(start + 1, args.steps + 1):
             if rank == 0 and step in args.crash_at_step:
-                crash_now(args.ckpt_dir, step)
-            global_batch = sampler.next_global_batch(batch.global_batch)
+                crash_now(args.ckpt_dir, step, args.crash_repeat)
+            with hb.phase("data"):
+                if step == args.data_stall_at_step and rank == 0:  # one rank's loader stalls
+                    stall_once(args.ckpt_dir, step, args.data_stall_s)
+                global_batch = sampler.next_global_batch(batch.global_batch)
+                micro_batches = [corpus.batch(micro_batch_indices(global_batch, batch, rank, m)) for m in range(batch.grad_accum)]
             loss_sum = torch.zeros(())
-            for micro in range(batch.grad_accum):
-                data = corpus.batch(micro_batch_indices(global_batch, batch, rank, micro))
+            for data in micro_batches:
                 loss = lm_loss(model, data) / batch.grad_accum
                 loss.backward()
                 loss_sum += loss.detach()

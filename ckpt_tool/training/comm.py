@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
 
 
 class Comm:
-    def __init__(self) -> None:
+    def __init__(self, with_control: bool = False) -> None:
         self.distributed = dist.is_available() and dist.is_initialized()
+        self.control_group = None
         if self.distributed:
             self.rank = dist.get_rank()
             self.world_size = dist.get_world_size()
             self.group = dist.new_group(backend="gloo")
+            if with_control:  # main-thread agreement while the save group may be busy in the background
+                self.control_group = dist.new_group(backend="gloo")
         else:
             self.rank, self.world_size, self.group = 0, 1, None
 
@@ -43,12 +47,22 @@ class Comm:
         dist.all_gather_object(out, value, group=self.group)
         return out
 
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any (main thread, control group)."""
+        if not self.distributed or self.control_group is None:
+            return flag
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control_group)
+        return bool(t.item())
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier(group=self.group)
 
     def close(self) -> None:
         """Destroy the manager's group before the default one goes (gloo aborts otherwise)."""
-        if self.distributed and self.group is not None and dist.is_initialized():
-            dist.destroy_process_group(self.group)
-            self.group = None
+        if self.distributed and dist.is_initialized():
+            for group in (self.group, self.control_group):
+                if group is not None:
+                    dist.destroy_process_group(group)
+            self.group = self.control_group = None

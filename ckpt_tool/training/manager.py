@@ -49,6 +49,7 @@ from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import rng, state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.safe_dcp import load_state
 from ckpt_tool.training.validate import validate_step
@@ -102,7 +103,8 @@ class CheckpointManager:
         self.model, self.optimizer, self.scheduler, self.scaler, self.data = model, optimizer, scheduler, scaler, data
         self.probe_spec = probe
         self.batch = batch
-        self.comm = Comm()
+        self.hb = heartbeat()
+        self.comm = Comm(with_control=self.hb.active)
         self.parallelism = parallelism or {"dp_shard": self.comm.world_size}
         self.store = self._open_store(Path(config.directory))
         self.run_id: str | None = None
@@ -160,6 +162,7 @@ class CheckpointManager:
             if isinstance(candidate, CkptError):
                 raise candidate
             if candidate is None:
+                self.hb.beat(0, "step")
                 return None
             problems = self._check_structure(candidate)
             if not problems:
@@ -167,6 +170,8 @@ class CheckpointManager:
             if not problems:
                 problems = self._verify_loaded(candidate)
             if not problems:
+                self.hb.checkpoint_committed(candidate)
+                self.hb.beat(candidate, "step")
                 return candidate
             if self.comm.is_coordinator:
                 self._fall_back(candidate, problems)
@@ -269,10 +274,21 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
     def maybe_save(self, step: int, extra: dict[str, Any] | None = None) -> bool:
-        if self.config.save_every and step % self.config.save_every == 0:
+        """Call once per optimizer step: beats the heartbeat, saves every ``save_every`` steps,
+        and, when ``ckpt run`` asked for it (preemption, time limit), saves now and exits the
+        process with status 0 once the checkpoint is committed (``ckpt run`` then exits "requeue")."""
+        self.hb.beat(step, "step")
+        stop = self.hb.active and self.comm.any_rank(self.hb.stop_requested())
+        saved = False
+        if stop or (self.config.save_every and step % self.config.save_every == 0):
             self.save(step, extra)
-            return True
-        return False
+            saved = True
+        if stop:
+            self.close()
+            self.hb.send_event("stopped", step=step)
+            log.warning("ckpt: checkpoint of step %d committed on request; stopping for requeue", step)
+            raise SystemExit(0)
+        return saved
 
     def save(self, step: int, extra: dict[str, Any] | None = None) -> None:
         """Checkpoint the state after optimizer step ``step``. Collective.
@@ -283,6 +299,10 @@ class CheckpointManager:
         """
         if self._closed:
             raise CkptError("save() after close()", "create a new CheckpointManager")
+        with self.hb.phase("checkpoint"):
+            self._save(step, extra)
+
+    def _save(self, step: int, extra: dict[str, Any] | None) -> None:
         self.wait()  # at most one save in flight
         if self.run_id is None:
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:16] if self.comm.is_coordinator else None)
@@ -371,6 +391,8 @@ class CheckpointManager:
             except (OSError, CkptError) as exc:
                 error = f"commit of step {step} failed: {exc}"
         error = self.comm.broadcast(error)
+        if error is None:
+            self.hb.checkpoint_committed(step)
         if error is not None:
             raise CkptError(error, f"the previous checkpoint is intact; check free space and permissions in {self.store.root}")
 

@@ -13,13 +13,14 @@ import torch.distributed as dist
 
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.verify import verify_step
 
 
 def main(argv: list[str]) -> int:
     directory, step, out = Path(argv[0]), int(argv[1]), Path(argv[2])
     entry = argv[3] if len(argv) > 3 else None
-    dist.init_process_group("gloo")
+    init_distributed("gloo")
     rank = dist.get_rank()
     try:
         report = verify_step(CheckpointStore(directory), step, entry, world_size=dist.get_world_size(), rank=dist.get_rank())

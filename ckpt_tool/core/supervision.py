@@ -1,0 +1,84 @@
+"""What the watchdog decides from heartbeats. Pure: times and beats in, decisions out.
+
+- ``Beat`` is the last beat of a rank; ``find_hangs`` says when the job is hung: no beat from
+  any rank for longer than the phase timeout of the rank the others wait for.
+- ``CrashLoopBreaker`` stops restarting when ``limit`` restarts in a row made no progress past
+  the same checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+
+@dataclass(frozen=True)
+class Beat:
+    rank: int
+    pid: int
+    step: int
+    phase: str
+    time: float  # when the supervisor received it (its own monotonic clock)
+    attempt: int = 0  # torchrun's restart count
+    ckpt: int | None = None  # newest checkpoint the rank knows committed
+
+
+@dataclass(frozen=True)
+class Hang:
+    rank: int
+    pid: int
+    phase: str
+    step: int
+    silent_s: float
+    timeout_s: float
+
+    def reason(self) -> str:
+        return f"rank {self.rank} silent for {self.silent_s:.1f} s in phase {self.phase!r} at step {self.step} (timeout {self.timeout_s:.1f} s)"
+
+
+def find_hangs(last_beats: Iterable[Beat], timeouts: Mapping[str, float], now: float) -> list[Hang]:
+    """Is the job hung? No rank has beaten for longer than the allowance of the rank the
+    others wait for.
+
+    Ranks of one job wait for each other in collectives, so one stuck rank soon silences all.
+    The rank with the oldest beat is the one the others wait for (the culprit); the job is hung
+    when no rank at all has beaten for longer than the culprit's phase timeout. So a rank in a
+    20 s data stall (phase ``data``) is not a hang though its peers wait silently in ``step``,
+    nor are those peers once it is back; a rank frozen in ``step`` is caught in seconds even when
+    its peers went on into ``checkpoint`` and wait there. Returns every rank, culprit first.
+    """
+    beats = sorted(last_beats, key=lambda b: (b.time, b.rank))
+    if not beats:
+        return []
+    culprit, last_progress = beats[0], beats[-1].time
+    timeout = timeouts.get(culprit.phase, timeouts.get("step", 60.0))
+    if now - last_progress <= timeout:
+        return []
+    return [Hang(b.rank, b.pid, b.phase, b.step, now - b.time, timeout) for b in beats]
+
+
+@dataclass
+class CrashLoopBreaker:
+    """Counts restarts that made no progress: the newest checkpoint did not move."""
+
+    limit: int
+    stalled: int = 0
+    last_ckpt: int | None = None
+    started: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError(f"crash-loop limit must be >= 1, got {self.limit}")
+
+    def on_failure(self, newest_ckpt: int | None) -> bool:
+        """Record a failure; True when ``limit`` failures came in a row with the same newest
+        checkpoint (no new commit in between): restarting again would only repeat them."""
+        same = self.started and newest_ckpt == self.last_ckpt
+        self.stalled = self.stalled + 1 if same else 1
+        self.started = True
+        self.last_ckpt = newest_ckpt
+        return self.stalled >= self.limit
+
+    def message(self) -> str:
+        where = f"checkpoint step {self.last_ckpt}" if self.last_ckpt is not None else "the start (no checkpoint yet)"
+        return f"crash loop: {self.stalled} failures in a row without progress past {where}; not restarting again"

@@ -1,0 +1,81 @@
+"""Phase-aware hang timeouts, calibrated from observed durations. Pure.
+
+A rank reports the phase it is in (``init``, ``step``, ``data``, ``checkpoint``, ``eval``) with each
+heartbeat. A hang is no heartbeat for longer than the current phase's timeout. Each phase's
+timeout is ``max(floor, factor x the longest duration observed after warm-up)``, unless the
+user overrides it. The floors are what a phase may take before any observation: they are why a
+checkpoint write or a data stall is not a hang, while a frozen training step is caught in
+seconds. Calibrated values are persisted in the run directory so a restart starts calibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+PHASES = ("init", "step", "data", "checkpoint", "eval")
+
+DEFAULT_FLOORS: Mapping[str, float] = {
+    "init": 600.0,  # process start, rendezvous, model build, resume + load
+    "step": 5.0,  # forward/backward/optimizer between two beats
+    "data": 60.0,  # a dataloader may stall on a shared filesystem
+    "checkpoint": 600.0,  # a sync save of a large state
+    "eval": 600.0,
+}
+
+
+@dataclass(frozen=True)
+class TimeoutPolicy:
+    factor: float = 4.0
+    warmup: int = 3  # first observations of each phase are ignored (allocation, compilation)
+    floors: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FLOORS))
+    overrides: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.factor < 1:
+            raise ValueError(f"factor must be >= 1 (a timeout shorter than what was observed fires on healthy runs), got {self.factor}")
+        for phase, value in {**self.floors, **self.overrides}.items():
+            if phase not in PHASES:
+                raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}")
+            if not value > 0:
+                raise ValueError(f"timeout of phase {phase!r} must be positive, got {value}")
+
+
+def calibrate(observed: Mapping[str, Iterable[float]], policy: TimeoutPolicy) -> dict[str, float]:
+    """Timeout per phase from the durations observed so far (oldest first)."""
+    out = {}
+    for phase in PHASES:
+        if phase in policy.overrides:
+            out[phase] = float(policy.overrides[phase])
+            continue
+        samples = list(observed.get(phase, ()))[policy.warmup :]
+        floor = float(policy.floors.get(phase, DEFAULT_FLOORS[phase]))
+        out[phase] = max(floor, policy.factor * max(samples)) if samples else floor
+    return out
+
+
+@dataclass
+class DurationLog:
+    """Observed phase durations, bounded (the most recent ``keep`` per phase); JSON round-trip."""
+
+    keep: int = 200
+    durations: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        samples = self.durations.setdefault(phase, [])
+        samples.append(seconds)
+        del samples[: max(0, len(samples) - self.keep)]
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {k: list(v) for k, v in self.durations.items()}
+
+    @staticmethod
+    def from_json(data: object, keep: int = 200) -> "DurationLog":
+        log = DurationLog(keep)
+        if isinstance(data, dict):
+            for phase, samples in data.items():
+                if phase in PHASES and isinstance(samples, list):
+                    for s in samples:
+                        if isinstance(s, (int, float)) and s >= 0:
+                            log.add(phase, float(s))
+        return log

@@ -1,0 +1,276 @@
+"""``ckpt run``: torchrun under a watchdog that finds crashes and hangs in seconds.
+
+torchrun does what it does well: it starts the ranks, notices one that exits, restarts the
+whole group (``--max-restarts``) and, across nodes, coordinates the restart through its
+rendezvous. The watchdog adds what torchrun lacks:
+
+- **hangs**: ranks beat on a node-local channel with their step and phase; a rank silent for
+  longer than its phase's calibrated timeout is killed (SIGTERM, SIGKILL after a grace), which
+  turns the hang into a failure torchrun sees and restarts from the newest checkpoint;
+- **crash loops**: ``crash_loop`` failures in a row without a new checkpoint stop the job with
+  a clear message instead of burning the allocation;
+- **preemption**: SIGUSR1 or SIGTERM asks the ranks (through the channel, not torchrun's
+  signal forwarding) to checkpoint at the next step and stop; the exit status then says
+  "requeue me";
+- an event log (``events.jsonl``) and phase durations (``timeouts.json``) in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, find_hangs
+from ckpt_tool.core.timeouts import DurationLog, TimeoutPolicy, calibrate
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.durable import append_line, atomic_write
+from ckpt_tool.supervise import channel
+
+EVENTS_NAME = "events.jsonl"
+DURATIONS_NAME = "timeouts.json"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    command: tuple[str, ...]  # the training script and its arguments, or ("-m", module, ...)
+    run_dir: Path
+    nproc_per_node: int = 1
+    nnodes: str = "1"
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 3
+    crash_loop: int = 3
+    grace_s: float = 5.0
+    stop_deadline_s: float = 300.0
+    poll_s: float = 0.2
+    timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise CkptError("no training script given", "usage: ckpt run [OPTIONS] -- train.py ARGS (or -- -m package.module ARGS)", ExitCode.USAGE)
+        if self.nproc_per_node < 1 or self.max_restarts < 0 or self.crash_loop < 1:
+            raise CkptError("--nproc-per-node and --crash-loop must be >= 1, --max-restarts >= 0", "see `ckpt run --help`", ExitCode.USAGE)
+
+
+def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:
+    """The torchrun command line for one node. Single node without an endpoint: --standalone."""
+    argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={cfg.max_restarts}", "--monitor-interval=0.2"]
+    if cfg.rdzv_endpoint is None and cfg.nnodes == "1":
+        argv.append("--standalone")
+    else:
+        argv += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}", f"--rdzv-id={cfg.rdzv_id or 'ckpt'}"]
+    return argv + list(cfg.command)
+
+
+def _kill_tree(pids: list[int], grace_s: float) -> None:
+    """SIGTERM every process (and its descendants), SIGKILL whatever is left after the grace."""
+    procs: list[psutil.Process] = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Watchdog:
+    def __init__(self, cfg: RunConfig, report: Callable[[str], None] = print, status: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.report = report
+        self.status = status
+        self.beats: dict[int, Beat] = {}  # rank -> last beat of the current attempt
+        self.addrs: dict[int, str] = {}
+        self.attempt = 0
+        self.newest_ckpt: int | None = None
+        self.gone: set[int] = set()  # rank pids known dead (killed by us or seen gone)
+        self.exited_cleanly: set[int] = set()  # ranks that said goodbye (normal exit)
+        self.failures_counted: set[int] = set()  # attempts whose failure the breaker has seen
+        self.breaker = CrashLoopBreaker(cfg.crash_loop)
+        self.stop_at: float | None = None
+        self.stop_sent = False
+        self.stopped_step: int | None = None
+        self.durations = DurationLog()
+
+    # ------------------------------------------------------------------ events
+    def event(self, event: str, **data: Any) -> None:
+        record = {"time": time.time(), "event": event, "attempt": self.attempt, **data}
+        append_line(self.cfg.run_dir / EVENTS_NAME, json.dumps(record, sort_keys=True) + "\n")
+        detail = ", ".join(f"{k}={v}" for k, v in data.items())
+        self.report(f"[ckpt run] {event}: {detail}" if detail else f"[ckpt run] {event}")
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        self._load_durations()
+        sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
+        sock_path = sock_dir / "supervisor.sock"
+        sock = channel.bind(sock_path)
+        env = {**os.environ, channel.ENV_SOCKET: str(sock_path), "CKPT_RUN_DIR": str(self.cfg.run_dir)}
+        argv = torchrun_argv(self.cfg)
+        previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
+        self.event("start", argv=argv, timeouts=self.timeouts())
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        code = ExitCode.FAILED
+        try:
+            code = self._supervise(proc, sock)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if proc.poll() is None:
+                _kill_tree([proc.pid], self.cfg.grace_s)
+            _kill_tree([b.pid for b in self.beats.values()], 0.5)  # no orphans, whatever happened
+            sock.close()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+            self._save_durations()
+        return code
+
+    def _supervise(self, proc: subprocess.Popen, sock: Any) -> int:
+        while True:
+            select.select([sock], [], [], self.cfg.poll_s)
+            now = time.monotonic()
+            for message in channel.receive_all(sock):
+                self._handle(message, now)
+            if self.stop_at is not None and not self.stop_sent:
+                self._send_stop(sock)
+            rc = proc.poll()
+            if rc is not None:
+                return self._finished(rc)
+            self._check_deaths()
+            if self.breaker.stalled >= self.breaker.limit:
+                self.event("crash_loop", message=self.breaker.message())
+                _kill_tree([proc.pid], self.cfg.grace_s)
+                return ExitCode.CRASH_LOOP
+            if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
+                self.event("stop_deadline", seconds=self.cfg.stop_deadline_s, note="no checkpoint committed in time; the previous one is intact")
+                _kill_tree([proc.pid], self.cfg.grace_s)
+                return ExitCode.REQUEUE
+            hangs = find_hangs(self.beats.values(), self.timeouts(), now) if self.stop_at is None else []
+            if hangs:
+                self._kill_hung(hangs)
+            if self.status is not None:
+                self.status({"attempt": self.attempt, "ckpt": self.newest_ckpt, "ranks": {r: (b.step, b.phase, now - b.time) for r, b in sorted(self.beats.items())}})
+
+    def _finished(self, rc: int) -> int:
+        if rc == 0 and self.stopped_step is not None:
+            self.event("stopped_for_requeue", step=self.stopped_step, exit_code=ExitCode.REQUEUE)
+            return ExitCode.REQUEUE
+        if rc == 0:
+            self.event("finished", exit_code=0)
+            return ExitCode.OK
+        self.event("failed", torchrun_exit_code=rc, note=f"torchrun gave up (--max-restarts {self.cfg.max_restarts})")
+        return ExitCode.FAILED
+
+    # ------------------------------------------------------------------ beats and failures
+    def _handle(self, m: dict[str, Any], now: float) -> None:
+        if not isinstance(m.get("rank"), int) or not isinstance(m.get("pid"), int):
+            return
+        if m.get("event") == "stopped":
+            self.stopped_step = m.get("step")
+            return
+        if m.get("event") == "exiting":
+            self.exited_cleanly.add(m["pid"])
+            return
+        try:
+            beat = Beat(m["rank"], m["pid"], int(m["step"]), str(m["phase"]), now, int(m.get("attempt", 0)), m.get("ckpt"))
+        except (KeyError, TypeError, ValueError):
+            return
+        if beat.attempt < self.attempt:
+            return  # a straggler of an attempt already torn down
+        if beat.attempt > self.attempt:
+            if self.attempt not in self.failures_counted:
+                self._failure()  # torchrun restarted the group after a crash it saw
+            self.event("restarted", new_attempt=beat.attempt, resumes_from=beat.ckpt)
+            self.attempt, self.beats = beat.attempt, {}
+        if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
+            self.newest_ckpt = beat.ckpt
+        previous = self.beats.get(beat.rank)
+        if previous is not None and (previous.phase != beat.phase or previous.step != beat.step):
+            self.durations.add(previous.phase, now - previous.time)
+        self.beats[beat.rank] = beat
+        self.addrs[beat.rank] = str(m.get("addr", ""))
+
+    def _check_deaths(self) -> None:
+        """A rank process that vanished without saying goodbye: logged within one poll; torchrun
+        sees it too and restarts the group, which counts as the failure (see ``_handle``)."""
+        for rank, beat in list(self.beats.items()):
+            if beat.pid in self.gone or _alive(beat.pid):
+                continue
+            self.gone.add(beat.pid)
+            if beat.pid not in self.exited_cleanly:
+                self.event("rank_exited", rank=rank, pid=beat.pid, step=beat.step, phase=beat.phase, note="torchrun restarts the group")
+
+    def _kill_hung(self, hangs: list) -> None:
+        for h in hangs:
+            self.event("hang", rank=h.rank, pid=h.pid, phase=h.phase, step=h.step, silent_s=round(h.silent_s, 2), timeout_s=round(h.timeout_s, 2))
+        pids = [b.pid for b in self.beats.values()]
+        self.gone.update(pids)
+        t0 = time.monotonic()
+        _kill_tree(pids, self.cfg.grace_s)
+        self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t0, 2))
+        self._failure()
+        self.beats = {}
+
+    def _failure(self) -> None:
+        self.failures_counted.add(self.attempt)
+        if self.breaker.on_failure(self.newest_ckpt):
+            return  # the loop stops at its next turn
+        self.event("failure_counted", in_a_row_without_progress=self.breaker.stalled, limit=self.breaker.limit, newest_checkpoint=self.newest_ckpt)
+
+    # ------------------------------------------------------------------ preemption
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
+
+    def _send_stop(self, sock: Any) -> None:
+        for rank, addr in sorted(self.addrs.items()):
+            if rank in self.beats and addr:
+                channel.send(sock, addr, {"cmd": "save_and_stop"})
+        if self.beats:
+            self.stop_sent = True
+            self.event("stop_requested", ranks=sorted(self.beats), note="checkpoint at the next step, then exit for requeue")
+
+    # ------------------------------------------------------------------ timeouts
+    def timeouts(self) -> dict[str, float]:
+        return calibrate(self.durations.durations, self.cfg.timeouts)
+
+    def _load_durations(self) -> None:
+        path = self.cfg.run_dir / DURATIONS_NAME
+        try:
+            self.durations = DurationLog.from_json(json.loads(path.read_text()).get("durations"))
+        except (FileNotFoundError, ValueError, AttributeError):
+            self.durations = DurationLog()
+
+    def _save_durations(self) -> None:
+        data = {"durations": self.durations.to_json(), "timeouts": self.timeouts()}
+        atomic_write(self.cfg.run_dir / DURATIONS_NAME, (json.dumps(data, indent=1) + "\n").encode())

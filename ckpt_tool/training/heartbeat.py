@@ -1,0 +1,101 @@
+"""Rank-side heartbeats: tell the ``ckpt run`` supervisor which step and phase this rank is in.
+
+    from ckpt_tool.training.heartbeat import heartbeat
+    hb = heartbeat()                 # a no-op outside `ckpt run`
+    with hb.phase("data"):
+        batch = next(loader)
+    hb.beat(step)                    # CheckpointManager.maybe_save() does this for you
+
+Phases: ``init``, ``step``, ``data``, ``checkpoint``, ``eval``; each has its own hang timeout, so a
+long checkpoint write or a data stall is not mistaken for a hang. The manager marks ``init``
+(resume) and ``checkpoint`` (save) itself. ``stop_requested()`` is true once the supervisor
+asked this rank to checkpoint and stop (SIGUSR1/SIGTERM to ``ckpt run``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ckpt_tool.supervise import channel
+
+
+class Heartbeat:
+    def __init__(self, supervisor: str | None) -> None:
+        self.supervisor = supervisor
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.step = 0
+        self.current = "init"
+        self.ckpt: int | None = None
+        self._stop = False
+        self._sock: socket.socket | None = None
+        self._addr: Path | None = None
+        if supervisor:
+            directory = Path(supervisor).parent if Path(supervisor).parent.is_dir() else Path(tempfile.gettempdir())
+            self._addr = directory / f"rank{self.rank}-{os.getpid()}.sock"
+            self._sock = channel.bind(self._addr)
+            atexit.register(self._goodbye)
+
+    @property
+    def active(self) -> bool:
+        return self._sock is not None
+
+    def beat(self, step: int | None = None, phase: str | None = None) -> None:
+        if step is not None:
+            self.step = step
+        if phase is not None:
+            self.current = phase
+        if self._sock is None:
+            return
+        message = {"rank": self.rank, "pid": os.getpid(), "step": self.step, "phase": self.current, "attempt": self.attempt, "ckpt": self.ckpt, "addr": str(self._addr)}
+        channel.send(self._sock, self.supervisor, message)
+
+    def send_event(self, event: str, **data: object) -> None:
+        if self._sock is not None:
+            channel.send(self._sock, self.supervisor, {"rank": self.rank, "pid": os.getpid(), "event": event, **data})
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        previous = self.current
+        self.beat(phase=name)
+        try:
+            yield
+        finally:
+            self.beat(phase=previous if previous != "init" else "step")
+
+    def checkpoint_committed(self, step: int) -> None:
+        self.ckpt = step
+
+    def stop_requested(self) -> bool:
+        if self._sock is not None and not self._stop:
+            self._stop = any(m.get("cmd") == "save_and_stop" for m in channel.receive_all(self._sock))
+        return self._stop
+
+    def _goodbye(self) -> None:
+        """At interpreter exit: tell the supervisor this exit is not a crash to report."""
+        self.send_event("exiting")
+        self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            if self._addr is not None:
+                self._addr.unlink(missing_ok=True)
+
+
+_instance: Heartbeat | None = None
+
+
+def heartbeat() -> Heartbeat:
+    """The process's heartbeat, connected when ``ckpt run`` set CKPT_HEARTBEAT_SOCKET."""
+    global _instance
+    if _instance is None or _instance.attempt != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
+        _instance = Heartbeat(os.environ.get(channel.ENV_SOCKET))
+    return _instance

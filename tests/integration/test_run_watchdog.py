@@ -1,0 +1,166 @@
+"""ckpt run: torchrun (2 ranks, the reference recipe) under the watchdog, with real failures:
+SIGKILL of a rank, SIGSTOP of a rank (a hang), slow checkpoints and data stalls (no false alarm),
+SIGUSR1 (checkpoint, exit "requeue", resume), and a crash loop. No test leaves a process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckpt_tool.errors import ExitCode
+from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, kill_tree, read_metrics, recipe_args
+from ckpt_tool.store.store import CheckpointStore
+
+from ..conftest import SAVE_EVERY, STEPS
+
+pytestmark = pytest.mark.slow
+
+
+class Supervised:
+    """`ckpt run --nproc-per-node 2 -- -m ckpt_tool.recipes.tiny_gpt ...` in tmp_path."""
+
+    def __init__(self, root: Path, *extra: str, run_opts: tuple[str, ...] = (), steps: int = STEPS) -> None:
+        self.root = root
+        self.ckpt, self.metrics, self.run_dir = root / "ckpt", root / "metrics.jsonl", root / "run"
+        self.argv = [sys.executable, "-m", "ckpt_tool.cli.main", "run", "--nproc-per-node", "2", "--run-dir", str(self.run_dir), *run_opts,
+                     "--", "-m", "ckpt_tool.recipes.tiny_gpt", *recipe_args(self.ckpt, self.metrics, steps, SAVE_EVERY, *FAST_ARGS, *extra)]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Supervised":
+        self.log = open(self.root / "log.txt", "ab")
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait(self, timeout: float = 300) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def run(self, timeout: float = 300) -> int:
+        return self.start().wait(timeout)
+
+    def ranks(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.proc.pid).children(recursive=True) if "ckpt_tool.recipes.tiny_gpt" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())]
+
+    def wait_for_step(self, step: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.metrics.exists() and any(m.step >= step for m in read_metrics(self.metrics)):
+                return
+            assert self.proc.poll() is None, self.tail()
+            time.sleep(0.05)
+        raise AssertionError(f"step {step} not reached; {self.tail()}")
+
+    def events(self) -> list[dict]:
+        path = self.run_dir / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def tail(self) -> str:
+        return (self.root / "log.txt").read_text(errors="replace")[-3000:]
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    made: list[Supervised] = []
+
+    def make(*extra: str, run_opts: tuple[str, ...] = (), steps: int = STEPS, name: str = "") -> Supervised:
+        s = Supervised(tmp_path / name if name else tmp_path, *extra, run_opts=run_opts, steps=steps)
+        s.root.mkdir(exist_ok=True)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.cleanup()
+    # No test leaves a process behind: nothing still runs with this test's directory in its command line.
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    for p in leftovers:
+        p.kill()
+    assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
+
+
+def assert_identical_to_reference(reference_run, s: Supervised) -> None:
+    comparison = compare_runs(reference_run.metrics_lines(), read_metrics(s.metrics))
+    assert comparison.identical, comparison.mismatches[:3]
+    assert comparison.steps_compared == STEPS
+
+
+def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, supervised):
+    s = supervised().start()
+    s.wait_for_step(12)
+    victim = s.ranks()[-1]
+    killed_at = time.time()
+    victim.send_signal(signal.SIGKILL)
+    assert s.wait() == ExitCode.OK, s.tail()
+    events = s.events()
+    [exited] = [e for e in events if e["event"] == "rank_exited"]
+    assert exited["time"] - killed_at < 2.0, "rank death not seen within 2 s"
+    assert any(e["event"] == "restarted" for e in events)
+    assert_identical_to_reference(reference_run, s)
+
+
+def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, supervised):
+    s = supervised().start()
+    s.wait_for_step(14)
+    victim = s.ranks()[0]
+    stopped_at = time.time()
+    victim.send_signal(signal.SIGSTOP)
+    assert s.wait() == ExitCode.OK, s.tail()
+    events = s.events()
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert hangs, s.tail()
+    assert hangs[0]["time"] - stopped_at <= 10.0
+    assert hangs[0]["timeout_s"] <= 10.0
+    assert any(e["event"] == "killed_ranks" for e in events)
+    assert any(e["event"] == "restarted" for e in events)
+    assert_identical_to_reference(reference_run, s)
+    timeouts = json.loads((s.run_dir / "timeouts.json").read_text())
+    assert timeouts["durations"]["step"], "calibration data is persisted for the next start"
+
+
+def test_slow_checkpoints_and_a_data_stall_are_not_hangs(supervised):
+    # Sync saves made ~30x slower than a step (3 s vs ~0.1 s) and a 20 s data stall at step 7.
+    s = supervised("--save-delay", "3", "--data-stall-at-step", "7", "--data-stall-s", "20", steps=16)
+    assert s.run() == ExitCode.OK, s.tail()
+    names = [e["event"] for e in s.events()]
+    assert "hang" not in names and "rank_exited" not in names and "restarted" not in names, names
+    assert names[-1] == "finished"
+
+
+def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised):
+    s = supervised().start()
+    s.wait_for_step(17)
+    os.kill(s.proc.pid, signal.SIGUSR1)
+    assert s.wait() == ExitCode.REQUEUE, s.tail()
+    stopped = [e for e in s.events() if e["event"] == "stopped_for_requeue"]
+    assert stopped, s.tail()
+    step = stopped[0]["step"]
+    assert step >= 17 and step % SAVE_EVERY != 0 or step >= 17  # saved at the next step boundary
+    store = CheckpointStore(s.ckpt)
+    assert store.read_latest() == step and store.validate(step).ok
+    again = supervised(name="again")
+    again.argv = s.argv  # the same job, started again (as SLURM's requeue does)
+    again.root = s.root
+    assert again.run() == ExitCode.OK, again.tail()
+    lines = read_metrics(s.metrics)
+    assert [m.step for m in lines if m.step > step][0] == step + 1  # resumed right after the checkpoint
+    assert_identical_to_reference(reference_run, s)
+
+
+def test_crash_loop_is_stopped_with_a_clear_message(supervised):
+    s = supervised("--crash-at-step", "8", "--crash-repeat", run_opts=("--crash-loop", "2", "--max-restarts", "5"))
+    assert s.run() == ExitCode.CRASH_LOOP, s.tail()
+    [loop] = [e for e in s.events() if e["event"] == "crash_loop"]
+    assert "2 failures in a row without progress past checkpoint step 5" in loop["message"]
+    assert "crash loop" in s.tail()
