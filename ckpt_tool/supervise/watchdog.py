@@ -116,6 +116,7 @@ class Watchdog:
         self.gone: set[int] = set()  # rank pids known dead (killed by us or seen gone)
         self.exited_cleanly: set[int] = set()  # ranks that said goodbye (normal exit)
         self.failures_counted: set[int] = set()  # attempts whose failure the breaker has seen
+        self.resumed_logged: set[int] = set()  # attempts whose first training step was logged
         self.breaker = CrashLoopBreaker(cfg.crash_loop)
         self.stop_at: float | None = None
         self.stop_sent = False
@@ -214,6 +215,9 @@ class Watchdog:
             self.attempt, self.beats = beat.attempt, {}
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
+        if beat.attempt > 0 and beat.phase == "step" and beat.attempt not in self.resumed_logged:
+            self.resumed_logged.add(beat.attempt)
+            self.event("resumed", rank=beat.rank, step=beat.step, checkpoint=beat.ckpt)
         previous = self.beats.get(beat.rank)
         if previous is not None and (previous.phase != beat.phase or previous.step != beat.step):
             self.durations.add(previous.phase, now - previous.time)
