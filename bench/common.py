@@ -1,0 +1,372 @@
+"""Helpers shared by the checkpoint benchmarks (one script per figure in this directory).
+
+Model construction, the raw I/O references (write + fsync, sequential read), page-cache
+eviction, timing statistics, wrapping functions to time phases, and the result format: every
+script prints one JSON object on the last line of stdout, which ``run_all.py`` collects.
+
+GB = 1e9 bytes throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+GB = 1e9
+MB = 1e6
+DEFAULT_WORK_DIR = Path("/tmp/ckpt-bench")
+READ_CHUNK = 8 << 20  # the chunk size ckpt_tool's hashing reads with
+
+
+# ----------------------------------------------------------------------------- arguments
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help=f"scratch directory, deleted at the end (default {DEFAULT_WORK_DIR})")
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke test, not a measurement)")
+    return parser
+
+
+@contextmanager
+def scratch_dir(work_dir: Path, name: str) -> Iterator[Path]:
+    """``work_dir/name``, emptied first and removed at the end (``work_dir`` too when left empty)."""
+    path = work_dir / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            work_dir.rmdir()
+        except OSError:
+            pass  # not empty: another script's scratch, or run_all's
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(state_bytes: float, layers: int = 16, seed: int = 0) -> Any:
+    """``layers`` square fp32 ``nn.Linear`` layers totalling about ``state_bytes`` of parameters.
+
+    Initialisation writes every parameter, so the memory is touched (warm) before any timing.
+    """
+    import torch
+    from torch import nn
+
+    width = max(64, int(math.sqrt(state_bytes / 4 / layers)) // 64 * 64)
+    torch.manual_seed(seed)
+    return nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
+
+
+def make_optimizer(model: Any, grads: bool = True) -> Any:
+    """SGD without momentum: the optimizer holds no state, the checkpoint is the parameters.
+
+    ``grads``: give every parameter a (zero, warm) gradient, as after a backward pass. Without
+    gradients, torch's ``get_state_dict`` initialises a stateless optimizer on every call
+    (``zeros_like`` of every parameter + a step with lr=0), which costs time and memory that an
+    optimizer with state (Adam) never pays; save_throughput.py measures that case separately.
+    """
+    import torch
+
+    if grads:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.0)
+
+
+@contextmanager
+def without_grads(model: Any) -> Iterator[None]:
+    """Parameters' gradients set to None inside the block, restored after."""
+    saved = [(p, p.grad) for p in model.parameters()]
+    for p, _ in saved:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, grad in saved:
+            p.grad = grad
+
+
+def state_nbytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def param_views(model: Any) -> list[memoryview]:
+    """Byte views of the parameters' memory (no copy): the raw-write reference writes these."""
+    return [memoryview(p.detach().numpy()).cast("B") for p in model.parameters()]
+
+
+def manager(directory: Path, model: Any, optimizer: Any, **config: Any) -> Any:
+    """A ``CheckpointManager`` on ``directory``; retention off unless ``retention=`` is given."""
+    from ckpt_tool.core.retention import RetentionPolicy
+    from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
+
+    config.setdefault("retention", RetentionPolicy(keep_last=1_000_000))
+    return CheckpointManager(CheckpointConfig(directory, **config), model=model, optimizer=optimizer)
+
+
+# ----------------------------------------------------------------------------- raw I/O references
+def raw_write(path: Path, buffers: Sequence[memoryview]) -> int:
+    """Write ``buffers`` sequentially into a new file with ``os.write``, then ``os.fsync``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    total = 0
+    try:
+        for buf in buffers:
+            view = buf
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+                total += n
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return total
+
+
+def raw_read(paths: Iterable[Path], chunk: int = READ_CHUNK) -> int:
+    """Read files sequentially, one thread, into one reused (warm) buffer; returns the bytes read."""
+    buf = bytearray(chunk)
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
+    return total
+
+
+def files_under(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def evict(paths: Iterable[Path]) -> str:
+    """Drop ``paths`` from the page cache; returns the method that worked.
+
+    Each file is fsynced and ``POSIX_FADV_DONTNEED``-ed; then, as root, ``drop_caches=3``
+    (also drops dentries and inodes, as after a reboot or on another node).
+    """
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches=3 + fadvise(DONTNEED)"
+    except OSError:
+        return "fadvise(DONTNEED)"
+
+
+def resident_bytes(paths: Iterable[Path]) -> int | None:
+    """Bytes of ``paths`` in the page cache (util-linux ``fincore``); None when unavailable."""
+    paths = [str(p) for p in paths]
+    if not paths or shutil.which("fincore") is None:
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *paths], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    return sum(int(x) for x in out.stdout.split())
+
+
+def settle() -> None:
+    """Flush dirty pages so one timed run does not pay for the previous one's writeback."""
+    os.sync()
+    time.sleep(0.2)
+
+
+# ----------------------------------------------------------------------------- timing
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        if not samples:
+            raise ValueError("no samples")
+        return cls(statistics.median(samples), min(samples), max(samples), len(samples))
+
+    def scaled(self, factor: float) -> Stats:
+        """Every figure times ``factor`` (> 0): seconds -> milliseconds, bytes -> GB."""
+        return Stats(self.median * factor, self.min * factor, self.max * factor, self.n)
+
+    def inverse(self, numerator: float) -> Stats:
+        """``numerator / x`` for each figure: seconds -> throughput (min and max swap)."""
+        return Stats(numerator / self.median, numerator / self.max, numerator / self.min, self.n)
+
+    def fmt(self, digits: int = 2, unit: str = "") -> str:
+        unit = f" {unit}" if unit else ""
+        if self.n == 1:
+            return f"{self.median:.{digits}f}{unit}"
+        return f"{self.median:.{digits}f}{unit} ({self.min:.{digits}f}-{self.max:.{digits}f}, n={self.n})"
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+class PhaseTimer:
+    """Seconds spent inside chosen functions, found by wrapping them where the caller looks them up.
+
+    Calls from several threads add up (thread-seconds). ``take()`` returns and clears the totals.
+    """
+
+    def __init__(self) -> None:
+        self._totals: dict[str, float] = defaultdict(float)
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def wrap(self, owner: Any, attr: str, label: str) -> Iterator[None]:
+        original = getattr(owner, attr)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._totals[label] += time.perf_counter() - start
+
+        setattr(owner, attr, wrapper)
+        try:
+            yield
+        finally:
+            setattr(owner, attr, original)
+
+    def take(self) -> dict[str, float]:
+        with self._lock:
+            totals, self._totals = dict(self._totals), defaultdict(float)
+        return totals
+
+
+def median_run(times: Sequence[float], phases: Sequence[dict[str, float]]) -> tuple[float, dict[str, float]]:
+    """The total and phase split of the repetition whose total is the median (lower middle for
+    an even count), so that the phases add up to the total shown."""
+    i = sorted(range(len(times)), key=times.__getitem__)[(len(times) - 1) // 2]
+    return times[i], phases[i]
+
+
+def median_phases(samples: Sequence[dict[str, float]]) -> dict[str, float]:
+    labels = sorted({k for s in samples for k in s})
+    return {k: round(statistics.median(s.get(k, 0.0) for s in samples), 4) for k in labels}
+
+
+# ----------------------------------------------------------------------------- memory
+def rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (``echo 5 > /proc/self/clear_refs``); False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM: the peak resident set since the process started or since ``reset_peak_rss()``."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+class RssSampler:
+    """Samples RSS every ``interval_s`` in a background thread and keeps the maximum."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        proc = psutil.Process()
+        while not self._stop.is_set():
+            self.peak = max(self.peak, proc.memory_info().rss)
+            self.samples += 1
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class Row:
+    """One line of a figure's table. ``met`` is None for rows shown for information only."""
+
+    measured: str
+    value: str
+    reference: str = "-"
+    ratio: float | None = None
+    target: str = "-"
+    met: bool | None = None
+
+
+@dataclass
+class Result:
+    figure: str
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def emit(self) -> None:
+        """Print the result as JSON on the last line of stdout."""
+        sys.stdout.flush()
+        print(json.dumps(asdict(self)), flush=True)
+
+
+def at_least(ratio: float, bound: float) -> tuple[str, bool]:
+    return f">= {bound:g}", ratio >= bound
+
+
+def at_most(ratio: float, bound: float) -> tuple[str, bool]:
+    return f"<= {bound:g}", ratio <= bound
+
+
+def run_json(cmd: Sequence[str], timeout_s: float) -> dict[str, Any]:
+    """Run a benchmark script in a fresh process; its stderr passes through, the last stdout line is the result."""
+    proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, text=True, timeout=timeout_s)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; stdout tail: {lines[-5:]}")
+    return json.loads(lines[-1])
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr: stdout's last line is reserved for the JSON result."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,181 @@
+"""Figure 3: load throughput with the hash check vs a raw read of the same files, cold and warm.
+
+How: one process; a sync save of the ~1 GB model of figure 1 (--quick ~128 MB) is written once.
+Each repetition runs, in an order rotated between repetitions:
+
+* raw cold / warm: every file of the checkpoint read sequentially (one thread, 8 MiB reads into
+  one reused buffer), after evicting the files from the page cache (cold) or after reading them
+  once (warm);
+* resume cold / warm: a fresh ``CheckpointManager(validate_on_resume=True)`` on the directory,
+  ``resume()`` into a model of the same shape whose parameters were zeroed (a new SGD without
+  state and without gradients, as in a restarted process): crash clean-up, checks, xxh3 hash
+  check of every file (a pass before the load, or while DCP reads, depending on the version
+  under test), DCP load, ``set_state_dict``, per-rank JSON. The parameters are compared with the
+  saved ones after each run (outside the timing);
+* resume cold with ``validate_on_resume=False``, for information (in versions that hash while
+  loading, this skips only the structure check);
+* resume cold with warm zero gradients on the target's parameters, for information: torch's
+  ``get_state_dict``/``set_state_dict`` then skip initialising the stateless optimizer (a
+  ``zeros_like`` of every parameter + a step with lr=0, twice per resume), which isolates the
+  cost of ckpt_tool's own path from that torch behaviour.
+
+Eviction: fsync + ``POSIX_FADV_DONTNEED`` on each file, then ``drop_caches=3`` when allowed
+(root); the bytes still resident are checked with ``fincore``. Throughput = bytes of the
+checkpoint's files / seconds. The phases of ``resume()`` are timed by wrapping the functions it
+calls.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import common
+from common import GB, PhaseTimer, Result, Row, Stats
+
+TARGET = 0.75
+VARIANTS = ("raw_cold", "resume_cold", "raw_warm", "resume_warm", "resume_cold_no_validate", "resume_cold_grads")
+
+
+def write_checkpoint(directory: Path, state_bytes: float) -> tuple[Any, Path]:
+    model = common.build_model(state_bytes, seed=1)
+    mgr = common.manager(directory, model, common.make_optimizer(model))
+    mgr.save(1)
+    mgr.close()
+    return model, mgr.store.step_path(1)
+
+
+class Loader:
+    """Runs one timed variant; keeps the target model and the eviction bookkeeping."""
+
+    def __init__(self, directory: Path, step_dir: Path, reference: Any, state_bytes: float) -> None:
+        import torch
+
+        self.torch = torch
+        self.directory = directory
+        self.files = common.files_under(step_dir)
+        self.nbytes = sum(p.stat().st_size for p in self.files)
+        self.reference = reference
+        self.target = common.build_model(state_bytes, seed=2)
+        self.phases = PhaseTimer()
+        self.eviction = ""
+        self.resident_after_evict: list[int] = []
+
+    def prepare(self, cold: bool) -> None:
+        if cold:
+            self.eviction = common.evict(self.files)
+            resident = common.resident_bytes(self.files)
+            if resident is not None:
+                self.resident_after_evict.append(resident)
+        else:
+            common.raw_read(self.files)
+
+    def raw(self, cold: bool) -> float:
+        self.prepare(cold)
+        seconds, nread = common.timed(lambda: common.raw_read(self.files))
+        assert nread == self.nbytes
+        return seconds
+
+    def resume(self, cold: bool, validate: bool, grads: bool = False) -> tuple[float, dict[str, float]]:
+        with self.torch.no_grad():
+            for p in self.target.parameters():
+                p.zero_()
+        optimizer = common.make_optimizer(self.target, grads=grads)
+        mgr = common.manager(self.directory, self.target, optimizer, validate_on_resume=validate)
+        self.prepare(cold)
+        self.phases.take()
+        seconds, step = common.timed(mgr.resume)
+        phases = self.phases.take()
+        mgr.close()
+        assert step == 1, step
+        optimizer.zero_grad(set_to_none=True)
+        for mine, saved in zip(self.target.parameters(), self.reference.parameters()):
+            assert self.torch.equal(mine, saved), "resumed parameters differ from the saved ones"
+        return seconds, phases
+
+    def run(self, variant: str) -> tuple[float, dict[str, float] | None]:
+        runs: dict[str, Callable[[], Any]] = {
+            "raw_cold": lambda: (self.raw(cold=True), None),
+            "raw_warm": lambda: (self.raw(cold=False), None),
+            "resume_cold": lambda: self.resume(cold=True, validate=True),
+            "resume_warm": lambda: self.resume(cold=False, validate=True),
+            "resume_cold_no_validate": lambda: self.resume(cold=True, validate=False),
+            "resume_cold_grads": lambda: self.resume(cold=True, validate=True, grads=True),
+        }
+        return runs[variant]()
+
+
+def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str, list[float]], dict[str, list[dict[str, float]]]]:
+    import torch.distributed.checkpoint as dcp
+
+    import ckpt_tool.training.manager as manager_module
+    from ckpt_tool.store.store import CheckpointStore
+
+    directory = work / "ckpt"
+    reference, step_dir = write_checkpoint(directory, state_bytes)
+    loader = Loader(directory, step_dir, reference, state_bytes)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    phases: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    p = loader.phases
+    with (
+        p.wrap(CheckpointStore, "clean_up_after_crash", "crash_cleanup"),
+        p.wrap(CheckpointStore, "validate", "store_validate"),
+        p.wrap(manager_module, "get_state_dict", "get_state_dict"),
+        p.wrap(dcp, "load", "dcp_load"),
+        p.wrap(manager_module, "set_state_dict", "set_state_dict"),
+    ):
+        loader.run("resume_warm")  # warm-up: imports, first-call costs
+        for rep in range(reps):
+            order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
+            for variant in order:
+                seconds, split = loader.run(variant)
+                times[variant].append(seconds)
+                if split is not None:
+                    phases[variant].append(split)
+            common.log(f"rep {rep + 1}/{reps}: " + ", ".join(f"{v}={loader.nbytes / times[v][-1] / GB:.2f} GB/s" for v in VARIANTS))
+    return loader, times, phases
+
+
+def phase_note(variant: str, total: float, split: dict[str, float]) -> str:
+    parts = " + ".join(f"{k} {v:.3f} s" for k, v in split.items())
+    return f"{variant}: the median run, {total:.3f} s = {parts} + other {total - sum(split.values()):.3f} s"
+
+
+def report(loader: Loader, times: dict[str, list[float]], phases: dict[str, list[dict[str, float]]]) -> Result:
+    gb = loader.nbytes / GB
+    tput = {v: Stats.of(t).inverse(gb) for v, t in times.items()}
+    result = Result("3", f"Load throughput incl. hash check ({gb:.2f} GB of files, GB/s)")
+    for temp in ("cold", "warm"):
+        raw, load = tput[f"raw_{temp}"], tput[f"resume_{temp}"]
+        ratio = load.median / raw.median
+        target, met = common.at_least(ratio, TARGET) if temp == "cold" else ("-", None)
+        label = f"resume(), validate_on_resume=True, {temp}" + (" (info)" if temp == "warm" else "")
+        result.rows.append(Row(label, load.fmt(2, "GB/s"), f"raw read {temp} {raw.fmt(2, 'GB/s')}", round(ratio, 3), target, met))
+    no_hash = tput["resume_cold_no_validate"]
+    raw_cold = f"raw read cold {tput['raw_cold'].fmt(2, 'GB/s')}"
+    result.rows.append(Row("resume(), validate_on_resume=False, cold (info)", no_hash.fmt(2, "GB/s"), raw_cold, round(no_hash.median / tput["raw_cold"].median, 3)))
+    grads = tput["resume_cold_grads"]
+    result.rows.append(Row("resume(), validate_on_resume=True, cold, params have grads (info)", grads.fmt(2, "GB/s"), raw_cold, round(grads.median / tput["raw_cold"].median, 3)))
+    for variant in (v for v in VARIANTS if v.startswith("resume")):
+        result.notes.append(phase_note(variant, *common.median_run(times[variant], phases[variant])))
+    resident = max(loader.resident_after_evict) if loader.resident_after_evict else None
+    result.notes.append(f"eviction: {loader.eviction}; at most {resident} bytes of the files still cached after eviction (fincore)")
+    result.details = {"file_bytes": loader.nbytes, "files": len(loader.files), "seconds": times, "phases": {v: common.median_phases(s) for v, s in phases.items() if s}}
+    return result
+
+
+def main() -> None:
+    parser = common.base_parser(__doc__)
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; --quick 2)")
+    args = parser.parse_args()
+    state_bytes = 0.128 * GB if args.quick else 1.0 * GB
+    reps = args.reps or (2 if args.quick else 5)
+    with common.scratch_dir(args.work_dir, "load_throughput") as work:
+        loader, times, phases = measure(work, state_bytes, reps)
+        shutil.rmtree(work / "ckpt")
+    report(loader, times, phases).emit()
+
+
+if __name__ == "__main__":
+    main()
