@@ -73,3 +73,218 @@ def run(
 def _status_line(status: dict[str, Any]) -> str:
     ranks = "  ".join(f"r{r}: step {step} {phase} {ago:.1f}s" for r, (step, phase, ago) in status["ranks"].items())
     return f"[bold]ckpt run[/] attempt {status['attempt']}  checkpoint {status['ckpt']}  {ranks or 'starting...'}"
+
+
+# --------------------------------------------------------------------------- submit and the requeue chain
+def _template() -> str:
+    from importlib.resources import files  # noqa: PLC0415
+
+    return (files("ckpt_tool.slurm_templates") / "train.sbatch.tmpl").read_text()
+
+
+def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep:
+            raise CkptError(f"--env {value!r} is not NAME=VALUE", "e.g. --env NCCL_DEBUG=WARN", ExitCode.USAGE)
+        out.append((key, val))
+    return tuple(out)
+
+
+def _measured_checkpoint_seconds(run_dir: Path) -> float | None:
+    import json  # noqa: PLC0415
+
+    try:
+        durations = json.loads((run_dir / "timeouts.json").read_text())["durations"].get("checkpoint") or []
+    except (FileNotFoundError, ValueError, KeyError, AttributeError):
+        return None
+    return max(durations) if durations else None
+
+
+def submit(
+    command: List[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
+    ckpt_dir: Path = typer.Option(..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem (the training script must use it too)."),
+    nodes: int = typer.Option(1, "--nodes", min=1),
+    gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0, help="GPUs per node (also the ranks per node unless --nproc-per-node)."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (CPU runs)."),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="SLURM time limit, e.g. 24:00:00."),
+    partition: Optional[str] = typer.Option(None, "--partition"),
+    account: Optional[str] = typer.Option(None, "--account"),
+    qos: Optional[str] = typer.Option(None, "--qos"),
+    constraint: Optional[str] = typer.Option(None, "--constraint"),
+    job_name: str = typer.Option("ckpt-train", "--job-name"),
+    signal_lead: Optional[int] = typer.Option(None, "--signal-lead", min=30, help="Seconds before the limit to checkpoint (default: from the last measured checkpoint time)."),
+    max_requeues: int = typer.Option(10, "--max-requeues", min=0),
+    max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts inside one allocation (ckpt run)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Event log, scripts and job output (default: CKPT_DIR/run)."),
+    sbatch_line: List[str] = typer.Option([], "--sbatch", help="Extra #SBATCH directive, e.g. --sbatch '--exclusive' (repeatable)."),
+    env: List[str] = typer.Option([], "--env", help="NAME=VALUE exported in the job (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the script; submit nothing."),
+) -> None:
+    """Submit a training job that survives time limits, preemptions and crashes by itself."""
+    import datetime  # noqa: PLC0415
+
+    from ckpt_tool import __version__, config  # noqa: PLC0415
+    from ckpt_tool.core.render import JobSpec, render, signal_lead as default_lead  # noqa: PLC0415
+
+    ckpt_dir = ckpt_dir.absolute()
+    run_dir = (run_dir or ckpt_dir / "run").absolute()
+    spec = JobSpec(
+        command=tuple(command),
+        ckpt_dir=str(ckpt_dir),
+        run_dir=str(run_dir),
+        ckpt=(sys.executable, "-m", "ckpt_tool.cli.main"),
+        nodes=nodes,
+        nproc_per_node=nproc_per_node or gpus_per_node or 1,
+        gpus_per_node=gpus_per_node,
+        time=time_limit or config.default("time"),
+        partition=partition or config.default("partition"),
+        account=account or config.default("account"),
+        qos=qos or config.default("qos"),
+        constraint=constraint or config.default("constraint"),
+        job_name=job_name,
+        signal_lead_s=signal_lead or default_lead(_measured_checkpoint_seconds(run_dir)),
+        max_requeues=max_requeues,
+        max_restarts=max_restarts,
+        extra_sbatch=tuple(sbatch_line),
+        env=_parse_env(env),
+        version=__version__,
+        created="DRY-RUN" if dry_run else datetime.datetime.now().isoformat(timespec="seconds"),
+    )
+    script = render(spec, _template())
+    if dry_run:
+        sys.stdout.write(script)
+        return
+    from ckpt_tool.slurm.commands import sbatch  # noqa: PLC0415
+    from ckpt_tool.store.durable import atomic_write  # noqa: PLC0415
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"submit-{datetime.datetime.now():%Y%m%d-%H%M%S}.sbatch"
+    atomic_write(path, script.encode(), mode=0o755)
+    job_id = sbatch(str(path))
+    from ckpt_tool.supervise.events import note  # noqa: PLC0415
+
+    note(run_dir, "submitted", job_id=job_id, script=str(path))
+    print(job_id)
+    console.print(f"submitted job [bold]{job_id}[/] ({path})\n  follow: ckpt status {run_dir}   squeue -j {job_id}\n  history: ckpt history {run_dir}")
+
+
+def recover(
+    ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory.", show_default=False),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the decision is written (recover.json, events.jsonl)."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", min=1, help="Ranks of this allocation."),
+) -> None:
+    """Once per (re)start, before training: validate the newest checkpoint, roll back if damaged, check the world size."""
+    import json  # noqa: PLC0415
+
+    from ckpt_tool.training.recover import recover as do_recover  # noqa: PLC0415
+
+    decision = do_recover(ckpt_dir, world_size, run_dir)
+    print(json.dumps(decision.to_json()))
+
+
+def note_cmd(
+    run_dir: Path = typer.Argument(..., show_default=False),
+    event: str = typer.Argument(..., show_default=False),
+    data: List[str] = typer.Argument(None, help="KEY=VALUE pairs."),
+) -> None:
+    """Append an event to RUN_DIR/events.jsonl (used by the sbatch script)."""
+    from ckpt_tool.supervise.events import note  # noqa: PLC0415
+
+    fields = dict(item.partition("=")[::2] for item in data or [])
+    note(run_dir, event, **fields)
+
+
+def _locate(target: Path) -> tuple[Path, Path | None]:
+    """A run directory (holding events.jsonl) and its checkpoint directory, from either."""
+    if (target / "events.jsonl").exists() or target.name == "run":
+        return target, target.parent if (target.parent / "LATEST").exists() or target.name == "run" else None
+    return target / "run", target
+
+
+def status(
+    target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
+    import json  # noqa: PLC0415
+    import time as _time  # noqa: PLC0415
+
+    from ckpt_tool.slurm.commands import job_state  # noqa: PLC0415
+    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
+    from ckpt_tool.supervise.events import read_events  # noqa: PLC0415
+
+    out: dict[str, Any] = {}
+    events: list[dict[str, Any]] = []
+    job_id = target if target.isdigit() else None
+    if job_id is None:
+        run_dir, ckpt_dir = _locate(Path(target))
+        if not run_dir.exists() and (ckpt_dir is None or not ckpt_dir.exists()):
+            raise CkptError(f"{target} is neither a job id nor a checkpoint or run directory", "pass the --ckpt-dir of `ckpt submit`, or a job id", ExitCode.NOT_FOUND)
+        events = read_events(run_dir)
+        ids = [e.get("job_id") for e in events if e.get("job_id")]
+        job_id = str(ids[-1]) if ids else None
+        out["run_dir"] = str(run_dir)
+        if ckpt_dir is not None and ckpt_dir.exists():
+            store = CheckpointStore(ckpt_dir)
+            latest = store.latest_or_none()
+            out["newest_checkpoint"] = latest
+            if latest is not None:
+                age = _time.time() - store.read_manifest(latest).created_at
+                out["checkpoint_age_s"] = round(age, 1)
+    state = job_state(job_id) if job_id else None
+    out["job_id"] = job_id
+    out["job_state"] = state.state if state else None
+    out["slurm_restarts"] = state.restarts if state else None
+    job_events = [e for e in events if str(e.get("job_id", job_id)) == str(job_id)] if job_id else events
+    out["starts"] = sum(1 for e in job_events if e["event"] == "job_start")
+    out["requeues"] = sum(1 for e in events if e["event"] == "requeue")
+    out["in_allocation_restarts"] = sum(1 for e in events if e["event"] == "restarted")
+    finals = [e["event"] for e in events if e["event"] in ("job_finished", "job_failed", "max_requeues_reached", "requeue_failed", "crash_loop")]
+    out["final"] = finals[-1] if finals else None
+    out["last_events"] = events[-8:]
+    if as_json:
+        sys.stdout.write(json.dumps(out, indent=1, default=str) + "\n")
+        return
+    console.print(f"job [bold]{job_id or '-'}[/]: {out['job_state'] or 'unknown'}  starts {out['starts']}  requeues {out['requeues']}  restarts in allocation {out['in_allocation_restarts']}")
+    if "newest_checkpoint" in out:
+        console.print(f"newest checkpoint: step {out['newest_checkpoint']} ({out.get('checkpoint_age_s', '-')} s old)")
+    if out["final"]:
+        console.print(f"final state: [bold]{out['final']}[/]")
+    for e in out["last_events"]:
+        console.print(f"  {_time.strftime('%H:%M:%S', _time.localtime(e['time']))} {e['event']} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event", "argv")))
+
+
+def history(
+    target: Path = typer.Argument(..., help="A checkpoint directory or a run directory.", show_default=False),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The run's timeline: saves, failures, restarts, requeues and rollbacks."""
+    import json  # noqa: PLC0415
+    import time as _time  # noqa: PLC0415
+
+    from rich.table import Table  # noqa: PLC0415
+
+    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
+    from ckpt_tool.supervise.events import read_events  # noqa: PLC0415
+
+    run_dir, ckpt_dir = _locate(target)
+    timeline = [{"source": "run", **e} for e in read_events(run_dir)]
+    if ckpt_dir is not None and ckpt_dir.exists():
+        timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in CheckpointStore(ckpt_dir).events()]
+    if not timeline:
+        raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of `ckpt submit` (or its run/ directory)", ExitCode.NOT_FOUND)
+    timeline.sort(key=lambda e: e["time"])
+    if as_json:
+        sys.stdout.write(json.dumps(timeline, indent=1, default=str) + "\n")
+        return
+    table = Table(title=f"history of {target}")
+    for col in ("time", "source", "event", "details"):
+        table.add_column(col)
+    styles = {"hang": "red", "rank_exited": "red", "quarantine": "red", "crash_loop": "red", "job_failed": "red", "requeue": "yellow", "restarted": "yellow", "rollback": "yellow", "commit": "green"}
+    for e in timeline:
+        details = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event", "source", "argv", "run_id"))
+        style = styles.get(e["event"], "")
+        table.add_row(_time.strftime("%m-%d %H:%M:%S", _time.localtime(e["time"])), e["source"], f"[{style}]{e['event']}[/]" if style else e["event"], details[:120])
+    console.print(table)

@@ -29,6 +29,11 @@ app.command("verify")(checkpoints.verify)
 app.command("rollback")(checkpoints.rollback)
 app.command("prune")(checkpoints.prune)
 app.command("run", context_settings={"allow_interspersed_args": False})(jobs.run)
+app.command("submit", context_settings={"allow_interspersed_args": False})(jobs.submit)
+app.command("recover")(jobs.recover)
+app.command("note", hidden=True)(jobs.note_cmd)
+app.command("status")(jobs.status)
+app.command("history")(jobs.history)
 
 
 @app.callback()

@@ -35,10 +35,10 @@ import psutil
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, TimeoutPolicy, calibrate
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.durable import append_line, atomic_write
+from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.supervise import channel
+from ckpt_tool.supervise.events import note
 
-EVENTS_NAME = "events.jsonl"
 DURATIONS_NAME = "timeouts.json"
 
 
@@ -97,6 +97,10 @@ def _kill_tree(pids: list[int], grace_s: float) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+def _ignore_usr1() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -125,8 +129,7 @@ class Watchdog:
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
-        record = {"time": time.time(), "event": event, "attempt": self.attempt, **data}
-        append_line(self.cfg.run_dir / EVENTS_NAME, json.dumps(record, sort_keys=True) + "\n")
+        note(self.cfg.run_dir, event, attempt=self.attempt, **data)
         detail = ", ".join(f"{k}={v}" for k, v in data.items())
         self.report(f"[ckpt run] {event}: {detail}" if detail else f"[ckpt run] {event}")
 
@@ -141,7 +144,10 @@ class Watchdog:
         argv = torchrun_argv(self.cfg)
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
         self.event("start", argv=argv, timeouts=self.timeouts())
-        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        # SLURM delivers USR1/TERM to every process of the step, torchrun included, and USR1's
+        # default action kills it: torchrun and the ranks ignore USR1 (the ranks get the request
+        # on the channel); a rank under `ckpt run` turns TERM into the same request.
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_ignore_usr1)
         code = ExitCode.FAILED
         try:
             code = self._supervise(proc, sock)
@@ -183,8 +189,8 @@ class Watchdog:
                 self.status({"attempt": self.attempt, "ckpt": self.newest_ckpt, "ranks": {r: (b.step, b.phase, now - b.time) for r, b in sorted(self.beats.items())}})
 
     def _finished(self, rc: int) -> int:
-        if rc == 0 and self.stopped_step is not None:
-            self.event("stopped_for_requeue", step=self.stopped_step, exit_code=ExitCode.REQUEUE)
+        if self.stopped_step is not None:  # torchrun may exit non-zero when it got TERM too
+            self.event("stopped_for_requeue", step=self.stopped_step, exit_code=ExitCode.REQUEUE, torchrun_exit_code=rc)
             return ExitCode.REQUEUE
         if rc == 0:
             self.event("finished", exit_code=0)

@@ -72,6 +72,9 @@ class Heartbeat:
     def checkpoint_committed(self, step: int) -> None:
         self.ckpt = step
 
+    def request_stop(self) -> None:
+        self._stop = True
+
     def stop_requested(self) -> bool:
         if self._sock is not None and not self._stop:
             self._stop = any(m.get("cmd") == "save_and_stop" for m in channel.receive_all(self._sock))

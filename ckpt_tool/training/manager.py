@@ -425,7 +425,12 @@ class CheckpointManager:
             atexit.unregister(self.close)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """SIGTERM: let an in-flight save commit (up to ``exit_wait_s``), then die as SIGTERM would."""
+        """SIGTERM under ``ckpt run`` (preemption: SLURM signals every process): checkpoint at the
+        next step and stop, as if the supervisor had asked. Otherwise: let an in-flight save
+        commit (up to ``exit_wait_s``), then die as SIGTERM would."""
+        if self.hb.active:
+            self.hb.request_stop()
+            return
         try:
             self.close()
         except BaseException as exc:  # noqa: BLE001 - dying anyway; say why the save was lost

@@ -1,0 +1,128 @@
+"""Rendering the sbatch script. Pure: a frozen job spec in, the script text out.
+
+Every value put into the script is shell-quoted (``shlex.quote``) here, in one place; the
+template (``slurm_templates/train.sbatch.tmpl``, ``string.Template`` syntax) holds no logic beyond
+the optional ``#SBATCH`` directives this module builds. Names that SLURM itself parses (job
+name, partition...) are also refused when they hold characters SLURM would misread.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from string import Template
+
+from ckpt_tool.errors import CkptError, ExitCode
+
+SLURM_WARNING_JITTER_S = 60  # slurmctld checks time limits every 30 s: the signal comes 30-60 s early
+MIN_SIGNAL_LEAD_S = 120
+_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-\[\]]+$")
+_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{1,2}){0,2}$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    command: tuple[str, ...]  # training script and args, or ("-m", module, ...)
+    ckpt_dir: str
+    run_dir: str
+    ckpt: tuple[str, ...]  # how the node runs ckpt, e.g. ("/venv/bin/python", "-m", "ckpt_tool.cli.main")
+    nodes: int = 1
+    nproc_per_node: int = 1
+    gpus_per_node: int = 0
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    job_name: str = "ckpt-train"
+    signal_lead_s: int = MIN_SIGNAL_LEAD_S
+    max_requeues: int = 10
+    max_restarts: int = 3
+    output: str | None = None  # default: RUN_DIR/slurm-%j.out
+    extra_sbatch: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    version: str = ""
+    created: str = ""
+    extras: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise CkptError("no training command given", "usage: ckpt submit [OPTIONS] -- train.py ARGS", ExitCode.USAGE)
+        for name in ("nodes", "nproc_per_node"):
+            if getattr(self, name) < 1:
+                raise CkptError(f"--{name.replace('_', '-')} must be >= 1", "see `ckpt submit --help`", ExitCode.USAGE)
+        if self.max_requeues < 0 or self.max_restarts < 0 or self.gpus_per_node < 0:
+            raise CkptError("--max-requeues, --max-restarts and --gpus-per-node must be >= 0", "see `ckpt submit --help`", ExitCode.USAGE)
+        if self.time is not None and not _TIME.match(self.time):
+            raise CkptError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS, D-HH:MM...)", "e.g. --time 24:00:00", ExitCode.USAGE)
+        for name in ("partition", "account", "qos", "constraint", "job_name", "mem"):
+            value = getattr(self, name)
+            if value is not None and not _DIRECTIVE_VALUE.match(value):
+                raise CkptError(f"--{name.replace('_', '-')} {value!r} holds characters SLURM would misread", "use letters, digits and . _ - , : = + @ % / [ ]", ExitCode.USAGE)
+        for key, _ in self.env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise CkptError(f"--env {key!r} is not a valid variable name", "use NAME=VALUE", ExitCode.USAGE)
+        for line in self.extra_sbatch:
+            if "\n" in line or "\r" in line:
+                raise CkptError("an extra #SBATCH line holds a newline", "give one directive per --sbatch option", ExitCode.USAGE)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+def signal_lead(checkpoint_seconds: float | None) -> int:
+    """Seconds before the time limit to ask for the final checkpoint: twice the last measured
+    checkpoint time plus SLURM's 30-60 s warning jitter, at least 2 minutes."""
+    if checkpoint_seconds is None:
+        return 300
+    return max(MIN_SIGNAL_LEAD_S, math.ceil(2 * checkpoint_seconds) + SLURM_WARNING_JITTER_S)
+
+
+def directives(spec: JobSpec) -> list[str]:
+    q = shlex.quote
+    out = [
+        f"#SBATCH --job-name={spec.job_name}",
+        f"#SBATCH --nodes={spec.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --signal=B:USR1@{spec.signal_lead_s}",
+        f"#SBATCH --output={q(spec.output or spec.run_dir + '/slurm-%j.out')}",
+    ]
+    optional = {
+        "time": spec.time,
+        "partition": spec.partition,
+        "account": spec.account,
+        "qos": spec.qos,
+        "constraint": spec.constraint,
+        "mem": spec.mem,
+        "cpus-per-task": spec.cpus_per_task,
+        "gpus-per-node": spec.gpus_per_node or None,
+    }
+    out += [f"#SBATCH --{k}={v}" for k, v in optional.items() if v is not None]
+    out += [line if line.startswith("#SBATCH") else f"#SBATCH {line}" for line in spec.extra_sbatch]
+    return out
+
+
+def render(spec: JobSpec, template: str) -> str:
+    q = shlex.quote
+    values = {
+        "directives": "\n".join(directives(spec)),
+        "version": spec.version,
+        "created": spec.created,
+        "ckpt": " ".join(q(a) for a in spec.ckpt),
+        "ckpt_dir": q(spec.ckpt_dir),
+        "run_dir": q(spec.run_dir),
+        "max_requeues": str(int(spec.max_requeues)),
+        "max_restarts": str(int(spec.max_restarts)),
+        "nproc_per_node": str(int(spec.nproc_per_node)),
+        "world_size": str(spec.world_size),
+        "command": " ".join(q(a) for a in spec.command),
+        "env": "\n".join(f"export {k}={q(v)}" for k, v in spec.env),
+    }
+    return Template(template).substitute(values)

@@ -1,0 +1,69 @@
+"""``ckpt recover``: the one decision taken at every start or requeue of a job, before training.
+
+Newest committed checkpoint (LATEST) -> full validation -> if damaged, roll back (quarantine,
+never delete) to the newest valid one -> compare its world size with the allocation. The
+decision goes to ``RUN_DIR/recover.json`` and the run's event log, where ``ckpt run``, the
+training script and ``ckpt status`` find it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.supervise.events import note
+from ckpt_tool.training.rollback import rollback
+from ckpt_tool.training.validate import validate_step
+
+DECISION_NAME = "recover.json"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "fresh" | "resume"
+    step: int | None
+    rolled_back_from: int | None
+    quarantined: tuple[int, ...]
+    saved_world_size: int | None
+    world_size: int | None
+    cleanup: tuple[str, ...]
+    seconds: float
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None = None) -> Decision:
+    t0 = time.monotonic()
+    if not ckpt_dir.exists():
+        decision = Decision("fresh", None, None, (), None, world_size, (), 0.0)
+    else:
+        store = CheckpointStore(ckpt_dir)
+        cleanup = tuple(store.clean_up_after_crash(roll_forward=lambda s: validate_step(store, s).ok))
+        latest = store.latest_or_none()
+        if latest is None and not store.committed_on_disk():
+            decision = Decision("fresh", None, None, (), None, world_size, cleanup, 0.0)
+        else:
+            step, rolled_from, quarantined = latest, None, ()
+            if latest is None or not validate_step(store, latest).ok:
+                report = rollback(store, auto=False, reason=f"ckpt recover: step {latest} is damaged or missing")
+                step, rolled_from, quarantined = report.target, latest, report.quarantined
+            saved = store.read_manifest(step).world_size
+            decision = Decision("resume", step, rolled_from, quarantined, saved, world_size, cleanup, 0.0)
+    decision = Decision(**{**decision.to_json(), "seconds": round(time.monotonic() - t0, 3)})
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(run_dir / DECISION_NAME, (json.dumps(decision.to_json(), indent=1) + "\n").encode())
+        note(run_dir, "recover", **decision.to_json())
+    if decision.saved_world_size is not None and world_size is not None and decision.saved_world_size != world_size:
+        raise CkptError(
+            f"checkpoint step {decision.step} was written by {decision.saved_world_size} ranks, this allocation has {world_size}",
+            f"run `ckpt reshard {ckpt_dir} --world-size {world_size}` (resharding plans the new batch split), or submit with the old size",
+            ExitCode.CONFLICT,
+        )
+    return decision
