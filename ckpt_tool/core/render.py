@@ -66,6 +66,10 @@ class JobSpec:
         for key, _ in self.env:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise CkptError(f"--env {key!r} is not a valid variable name", "use NAME=VALUE", ExitCode.USAGE)
+        for name in ("ckpt_dir", "run_dir", "output"):
+            value = getattr(self, name)
+            if value is not None and ("\n" in value or "\r" in value):
+                raise CkptError(f"{name.replace('_', '-')} {value!r} holds a newline", "use a path without line breaks", ExitCode.USAGE)
         for line in self.extra_sbatch:
             if "\n" in line or "\r" in line:
                 raise CkptError("an extra #SBATCH line holds a newline", "give one directive per --sbatch option", ExitCode.USAGE)
