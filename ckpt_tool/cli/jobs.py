@@ -76,12 +76,6 @@ def _status_line(status: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- submit and the requeue chain
-def _template() -> str:
-    from importlib.resources import files  # noqa: PLC0415
-
-    return (files("ckpt_tool.slurm_templates") / "train.sbatch.tmpl").read_text()
-
-
 def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
     out = []
     for value in values:
@@ -90,16 +84,6 @@ def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
             raise CkptError(f"--env {value!r} is not NAME=VALUE", "e.g. --env NCCL_DEBUG=WARN", ExitCode.USAGE)
         out.append((key, val))
     return tuple(out)
-
-
-def _measured_checkpoint_seconds(run_dir: Path) -> float | None:
-    import json  # noqa: PLC0415
-
-    try:
-        durations = json.loads((run_dir / "timeouts.json").read_text())["durations"].get("checkpoint") or []
-    except (FileNotFoundError, ValueError, KeyError, AttributeError):
-        return None
-    return max(durations) if durations else None
 
 
 def submit(
@@ -123,51 +107,37 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script; submit nothing."),
 ) -> None:
     """Submit a training job that survives time limits, preemptions and crashes by itself."""
-    import datetime  # noqa: PLC0415
+    from ckpt_tool.slurm import submit as chain  # noqa: PLC0415
+    from ckpt_tool.slurm.commands import sbatch  # noqa: PLC0415
+    from ckpt_tool.supervise.events import note  # noqa: PLC0415
 
-    from ckpt_tool import __version__, config  # noqa: PLC0415
-    from ckpt_tool.core.render import JobSpec, render, signal_lead as default_lead  # noqa: PLC0415
-
-    ckpt_dir = ckpt_dir.absolute()
-    run_dir = (run_dir or ckpt_dir / "run").absolute()
-    spec = JobSpec(
-        command=tuple(command),
-        ckpt_dir=str(ckpt_dir),
-        run_dir=str(run_dir),
-        ckpt=(sys.executable, "-m", "ckpt_tool.cli.main"),
+    spec, script = chain.prepare(
+        command,
+        ckpt_dir,
+        run_dir,
+        signal_lead,
         nodes=nodes,
         nproc_per_node=nproc_per_node or gpus_per_node or 1,
         gpus_per_node=gpus_per_node,
-        time=time_limit or config.default("time"),
-        partition=partition or config.default("partition"),
-        account=account or config.default("account"),
-        qos=qos or config.default("qos"),
-        constraint=constraint or config.default("constraint"),
+        time=time_limit,
+        partition=partition,
+        account=account,
+        qos=qos,
+        constraint=constraint,
         job_name=job_name,
-        signal_lead_s=signal_lead or default_lead(_measured_checkpoint_seconds(run_dir)),
         max_requeues=max_requeues,
         max_restarts=max_restarts,
         extra_sbatch=tuple(sbatch_line),
         env=_parse_env(env),
-        version=__version__,
-        created="DRY-RUN" if dry_run else datetime.datetime.now().isoformat(timespec="seconds"),
     )
-    script = render(spec, _template())
     if dry_run:
-        sys.stdout.write(script)
+        sys.stdout.write(chain.dry_run(spec, script))
         return
-    from ckpt_tool.slurm.commands import sbatch  # noqa: PLC0415
-    from ckpt_tool.store.durable import atomic_write  # noqa: PLC0415
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / f"submit-{datetime.datetime.now():%Y%m%d-%H%M%S}.sbatch"
-    atomic_write(path, script.encode(), mode=0o755)
+    path = chain.write_script(spec, script)
     job_id = sbatch(str(path))
-    from ckpt_tool.supervise.events import note  # noqa: PLC0415
-
-    note(run_dir, "submitted", job_id=job_id, script=str(path))
+    note(Path(spec.run_dir), "submitted", job_id=job_id, script=str(path))
     print(job_id)
-    console.print(f"submitted job [bold]{job_id}[/] ({path})\n  follow: ckpt status {run_dir}   squeue -j {job_id}\n  history: ckpt history {run_dir}")
+    console.print(f"submitted job [bold]{job_id}[/] ({path})\n  follow: ckpt status {spec.ckpt_dir}   squeue -j {job_id}\n  history: ckpt history {spec.ckpt_dir}")
 
 
 def recover(

@@ -185,3 +185,23 @@ def test_two_node_job_checkpoints_requeues_and_resumes(slurm, reference_run, tmp
     manifest = CheckpointStore(job.ckpt).read_manifest(STEPS)
     assert manifest.world_size == 2
     assert_identical(reference_run, job)
+
+
+def test_python_api_submits_the_same_chain_through_submitit(slurm, reference_run, tmp_path, monkeypatch):
+    import submitit
+
+    from ckpt_tool.slurm.submit import submit
+
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    command = ["-m", "ckpt_tool.recipes.tiny_gpt", "--ckpt-dir", str(ckpt), "--metrics", str(metrics), "--steps", str(STEPS), "--save-every", str(SAVE_EVERY), *FAST_ARGS]
+    job = submit(command, ckpt, nproc_per_node=2, time="20:00")
+    assert isinstance(job, submitit.Job) and job.job_id.isdigit()
+    script = (ckpt / "run").glob("submit-*.sbatch")
+    assert "trap 'ckpt_on_signal USR1' USR1" in next(script).read_text()
+    deadline = time.monotonic() + 240
+    while sh("squeue", "-h", "-j", job.job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    out = (ckpt / "run" / f"slurm-{job.job_id}.out").read_text()
+    assert "training finished" in out, out[-2000:]
+    comparison = compare_runs(reference_run.metrics_lines(), read_metrics(metrics))
+    assert comparison.identical and comparison.steps_compared == STEPS

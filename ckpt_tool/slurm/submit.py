@@ -1,0 +1,95 @@
+"""Submitting the requeue chain: one job spec, one rendered script, from the CLI or from Python.
+
+``prepare`` builds the frozen ``JobSpec`` (defaults from ``ckpt.toml`` / ``[tool.ckpt]``, signal
+lead from the last measured checkpoint time) and renders the script; ``ckpt submit`` writes it
+next to the checkpoints and calls sbatch. ``submit`` is the Python API: it submits the same
+script through a submitit executor and returns submitit's job object (job id, cancel, state).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from dataclasses import replace
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Sequence
+
+import submitit
+
+from ckpt_tool import __version__, config
+from ckpt_tool.core.render import JobSpec, render, signal_lead
+from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.supervise.events import note
+
+
+def template() -> str:
+    return (files("ckpt_tool.slurm_templates") / "train.sbatch.tmpl").read_text()
+
+
+def measured_checkpoint_seconds(run_dir: Path) -> float | None:
+    """The longest checkpoint phase `ckpt run` observed in this run directory, if any."""
+    try:
+        durations = json.loads((run_dir / "timeouts.json").read_text())["durations"].get("checkpoint") or []
+    except (FileNotFoundError, ValueError, KeyError, AttributeError):
+        return None
+    return max(durations) if durations else None
+
+
+def prepare(command: Sequence[str], ckpt_dir: Path, run_dir: Path | None = None, signal_lead_s: int | None = None, **options: Any) -> tuple[JobSpec, str]:
+    ckpt_dir = ckpt_dir.absolute()
+    run_dir = (run_dir or ckpt_dir / "run").absolute()
+    for key in ("time", "partition", "account", "qos", "constraint"):
+        if options.get(key) is None:
+            options[key] = config.default(key)
+    spec = JobSpec(
+        command=tuple(command),
+        ckpt_dir=str(ckpt_dir),
+        run_dir=str(run_dir),
+        ckpt=(sys.executable, "-m", "ckpt_tool.cli.main"),
+        signal_lead_s=signal_lead_s or signal_lead(measured_checkpoint_seconds(run_dir)),
+        version=__version__,
+        created=datetime.datetime.now().isoformat(timespec="seconds"),
+        **options,
+    )
+    return spec, render(spec, template())
+
+
+def write_script(spec: JobSpec, script: str) -> Path:
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"submit-{datetime.datetime.now():%Y%m%d-%H%M%S-%f}.sbatch"
+    atomic_write(path, script.encode(), mode=0o755)
+    return path
+
+
+class ChainExecutor(submitit.SlurmExecutor):
+    """A submitit executor whose submission file is ckpt-tool's chain script (trap, recover,
+    one `ckpt run` per node, requeue) rather than submitit's pickled-function runner."""
+
+    def __init__(self, folder: Path, script: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        super().__init__(folder=folder)
+        self._script = script
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self._script
+
+    def submit_chain(self) -> submitit.Job:
+        return self._submit_command("ckpt-tool chain")
+
+
+def submit(command: Sequence[str], ckpt_dir: Path | str, **options: Any) -> submitit.Job:
+    """Submit the chain from Python; options are those of ``ckpt submit`` (nodes, nproc_per_node,
+    time, partition, max_requeues...). Returns submitit's job object."""
+    spec, script = prepare(command, Path(ckpt_dir), **options)
+    write_script(spec, script)
+    job = ChainExecutor(Path(spec.run_dir) / "submitit", script).submit_chain()
+    note(Path(spec.run_dir), "submitted", job_id=job.job_id, via="python api (submitit)")
+    return job
+
+
+def dry_run(spec: JobSpec, script: str) -> str:
+    """The script as `--dry-run` prints it: no timestamp, so it is reproducible."""
+    return render(replace(spec, created="DRY-RUN"), template())
