@@ -233,6 +233,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--crash-repeat", action="store_true", help="test hook: crash at --crash-at-step on every attempt (a crash loop)")
     p.add_argument("--data-stall-at-step", type=int, help="test hook: the data loader stalls at this step, once")
     p.add_argument("--data-stall-s", type=float, default=20.0)
+    p.add_argument("--log-samples", type=Path, help="test hook: each rank appends the sample indices of every step to PATH.rankR.jsonl")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=5)
@@ -261,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(args: argparse.Namespace, rank: int, world: int) -> int:
     c = GPTConfig(seq_len=args.seq_len, d_model=args.d_model, n_layer=args.n_layer, dropout=args.dropout)
-    batch = resolve_batch(world, args.micro_batch, args.grad_accum, args.global_batch)
+    try:
+        requested: BatchConfig | None = resolve_batch(world, args.micro_batch, args.grad_accum, args.global_batch)
+        batch_error = None
+    except CkptError as exc:  # e.g. --global-batch 12 --micro-batch 3 on 3 ranks: a reshard may plan it
+        requested, batch_error = None, exc
     corpus = Corpus(c, args.corpus_tokens, seed=1234)
     model = build_model(c, args.seed)
     # Each rank has its own RNG stream for dropout: restored from the checkpoint on resume.
@@ -285,9 +290,14 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         scheduler=scheduler,
         data=sampler,
         probe=ProbeSpec(probe_batch(corpus), lm_loss),
-        batch=batch,
+        batch=requested,
     )
     start = manager.resume() or 0
+    batch = manager.batch  # after a resume at another world size: the reshard plan (same global batch)
+    if batch is None:
+        raise batch_error or CkptError("no batch configuration", "pass --global-batch or --micro-batch")
+    samples_log = open(f"{args.log_samples}.rank{rank}.jsonl", "a") if args.log_samples else None
+    run_start = time.time()
     hb = heartbeat()
     counters = {"samples": 0, "tokens": 0, **manager.extra}
     metrics = open(args.metrics, "a", encoding="utf-8") if rank == 0 else None
@@ -299,7 +309,11 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 if step == args.data_stall_at_step and rank == 0:  # one rank's loader stalls
                     stall_once(args.ckpt_dir, step, args.data_stall_s)
                 global_batch = sampler.next_global_batch(batch.global_batch)
-                micro_batches = [corpus.batch(micro_batch_indices(global_batch, batch, rank, m)) for m in range(batch.grad_accum)]
+                indices = [micro_batch_indices(global_batch, batch, rank, m) for m in range(batch.grad_accum)]
+                micro_batches = [corpus.batch(i) for i in indices]
+            if samples_log is not None:  # test hook: which samples each rank used at each step
+                samples_log.write(json.dumps({"step": step, "rank": rank, "run_start": run_start, "indices": torch.cat(indices).tolist()}) + "\n")
+                samples_log.flush()
             loss_sum = torch.zeros(())
             for data in micro_batches:
                 loss = lm_loss(model, data) / batch.grad_accum

@@ -41,6 +41,7 @@ from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
 from ckpt_tool.core.recovery import fallback_step
+from ckpt_tool.core.reshard import ReshardPlan, plan_batch
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
@@ -111,6 +112,7 @@ class CheckpointManager:
         self.run_id: str | None = None
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.last_saved_step: int | None = None
+        self._plan: ReshardPlan | None = None  # set when resume() reshards
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
         self._inflight: Future | None = None
         self._staging: Future | None = None
@@ -235,12 +237,9 @@ class CheckpointManager:
         Returns the problems that make this checkpoint unusable (the same on every rank)."""
         path = self.store.step_path(step)
         manifest = self.store.read_manifest(step)
-        if manifest.world_size != self.comm.world_size:
-            raise CkptError(
-                f"checkpoint step {step} was written by {manifest.world_size} ranks, this run has {self.comm.world_size}",
-                f"run `ckpt reshard {self.store.root} --world-size {self.comm.world_size}` to plan the new batch split, then resume",
-                ExitCode.CONFLICT,
-            )
+        resharded = manifest.world_size != self.comm.world_size
+        if resharded:
+            self._plan_reshard(manifest)
         for why in trajectory_differences(manifest.env, self._env()):
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
         verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
@@ -249,8 +248,7 @@ class CheckpointManager:
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
             state = {"model": model_sd, "optim": optim_sd}
             load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
-            rank_file = path / layout.rank_state_name(self.comm.rank)
-            rank_state = state_codec.loads(verify_fs.read_verified(rank_file), str(rank_file))
+            rank_state = self._read_rank_state(path, verify_fs, manifest.world_size)
         except CkptError as exc:
             problems = [exc.message]
         problems = sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
@@ -260,8 +258,54 @@ class CheckpointManager:
         self._restore_rank_state(rank_state)
         self.run_id = manifest.run_id
         self.last_saved_step = step
+        if resharded and self.comm.is_coordinator:
+            self.store.append_event("reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=self._plan.to_json())
         log.info("ckpt: resumed from %s (step %d)", path, step)
         return []
+
+    def _plan_reshard(self, manifest: Manifest) -> None:
+        """A different world size: keep the global batch (more or less accumulation), never
+        change it silently. A plan stored by `ckpt reshard --in-place` for this size wins."""
+        world = self.comm.world_size
+        if manifest.batch is None:
+            raise CkptError(
+                f"checkpoint step {manifest.step} was written by {manifest.world_size} ranks, this run has {world}, and it records no batch split",
+                "resume with the original world size, or pass batch= to CheckpointManager when saving",
+                ExitCode.CONFLICT,
+            )
+        stored = [x for x in manifest.lineage if x.get("event") == "reshard_plan" and x.get("world_size") == world]
+        if stored:
+            b = stored[-1]["batch"]
+            plan = ReshardPlan(manifest.batch, BatchConfig(b["micro_batch"], b["grad_accum"], b["dp_size"]))
+        else:
+            wanted = self.batch.micro_batch if self.batch is not None and self.batch.global_batch == manifest.batch.global_batch else None
+            plan = plan_batch(manifest.batch, world, wanted)
+        if self.batch is not None and self.batch.global_batch != plan.new.global_batch:
+            raise CkptError(
+                f"this run asks for global batch {self.batch.global_batch}, the checkpoint was trained with {plan.new.global_batch}",
+                "resume with the checkpoint's global batch (resharding keeps it); changing it is a new experiment",
+                ExitCode.CONFLICT,
+            )
+        self._plan = plan
+        self.batch = plan.new
+        log.warning(
+            "ckpt: resharding step %d from %d to %d ranks: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d kept",
+            manifest.step, manifest.world_size, world, plan.new.micro_batch, plan.new.grad_accum, plan.old.micro_batch, plan.old.grad_accum, plan.new.global_batch,
+        )
+
+    def _read_rank_state(self, path: Path, verify_fs: HashingFileSystem, saved_world: int) -> dict[str, Any]:
+        """This rank's JSON state. After a reshard: the job-wide parts (data position, scheduler,
+        counters, extras) from rank 0, whose values every rank shares; the RNG of old rank
+        ``rank % saved_world`` (a reshard is not bit-exact anyway)."""
+        def read(rank: int) -> dict[str, Any]:
+            f = path / layout.rank_state_name(rank)
+            return state_codec.loads(verify_fs.read_verified(f), str(f))
+
+        if saved_world == self.comm.world_size:
+            return read(self.comm.rank)
+        state = read(0)
+        state["rng"] = read(self.comm.rank % saved_world)["rng"]
+        return state
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         if self.scheduler is not None:

@@ -130,7 +130,7 @@ def rewrite_manifest(directory: Path, step: int, **changes) -> None:
     path.write_text(json.dumps(data))
 
 
-def test_world_size_mismatch_is_refused_with_reshard_hint(tmp_path):
+def test_world_size_change_without_a_recorded_batch_split_is_refused(tmp_path):
     t = make_trainer(tmp_path / "c", save_every=1)
     run_steps(t, 1, 1)
     t.manager.close()
@@ -138,7 +138,7 @@ def test_world_size_mismatch_is_refused_with_reshard_hint(tmp_path):
     t2 = make_trainer(tmp_path / "c")
     with pytest.raises(CkptError) as err:
         t2.manager.resume()
-    assert err.value.exit_code == ExitCode.CONFLICT and "ckpt reshard" in err.value.hint
+    assert err.value.exit_code == ExitCode.CONFLICT and "records no batch split" in err.value.message
 
 
 def test_unknown_format_version_is_refused(tmp_path):

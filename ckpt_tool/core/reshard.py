@@ -1,0 +1,85 @@
+"""Resharding plans: a new world size with the same global batch and the same data order. Pure.
+
+The global batch G = micro-batch x grad accumulation x data-parallel size is what the
+optimisation sees; it is never changed silently. On a new data-parallel size the plan keeps the
+micro-batch when it can (more accumulation on fewer ranks), else picks the largest micro-batch
+that divides exactly; when G itself is not divisible by the new size it refuses and lists the
+nearest sizes that work and the nearest global batches for the requested size.
+
+Data order: the sampler position is global (samples of the epoch's permutation consumed by the
+whole job), so it does not depend on the world size. At each step the G samples
+``perm[p : p + G]`` are split into micro-batches; rank r's micro-batch a is the slice
+``[p + (a * dp + r) * B, p + (a * dp + r + 1) * B)``. ``step_slices`` gives that map; the slices
+of one step tile ``[p, p + G)`` exactly, whatever the world size: no sample skipped or repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.errors import CkptError, ExitCode
+
+
+@dataclass(frozen=True)
+class ReshardPlan:
+    old: BatchConfig
+    new: BatchConfig
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    def to_json(self) -> dict[str, object]:
+        def b(x: BatchConfig) -> dict[str, int]:
+            return {"micro_batch": x.micro_batch, "grad_accum": x.grad_accum, "dp_size": x.dp_size, "global_batch": x.global_batch}
+
+        return {"old": b(self.old), "new": b(self.new)}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_batch(old: BatchConfig, new_dp: int, micro_batch: int | None = None) -> ReshardPlan:
+    """Keep the global batch on ``new_dp`` data-parallel ranks (``micro_batch``: a preference)."""
+    if not isinstance(new_dp, int) or new_dp < 1:
+        raise CkptError(f"world size must be a positive integer, got {new_dp!r}", "e.g. --world-size 48", ExitCode.USAGE)
+    g = old.global_batch
+    if g % new_dp:
+        divisors = _divisors(g)
+        near_sizes = [d for d in (max((d for d in divisors if d < new_dp), default=None), min((d for d in divisors if d > new_dp), default=None)) if d]
+        lower, upper = (g // new_dp) * new_dp, (g // new_dp + 1) * new_dp
+        raise CkptError(
+            f"global batch {g} cannot be split over {new_dp} data-parallel ranks ({g} is not divisible by {new_dp})",
+            f"use a world size that divides {g} (nearest: {', '.join(map(str, sorted(near_sizes)))}), "
+            f"or change the global batch on purpose to {lower or upper} or {upper} (which changes the optimisation)",
+            ExitCode.CONFLICT,
+        )
+    per_rank = g // new_dp  # samples each rank handles per step = micro x accum
+    wanted = micro_batch or old.micro_batch
+    if per_rank % wanted == 0:
+        micro = wanted
+    else:
+        micro = max(d for d in _divisors(per_rank) if d <= wanted)
+    return ReshardPlan(old, BatchConfig(micro, per_rank // micro, new_dp))
+
+
+def step_slices(position: int, batch: BatchConfig) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, micro step) -> [start, end) in the epoch's permutation, for the step starting at ``position``."""
+    out = {}
+    for micro in range(batch.grad_accum):
+        for rank in range(batch.dp_size):
+            start = position + (micro * batch.dp_size + rank) * batch.micro_batch
+            out[(rank, micro)] = (start, start + batch.micro_batch)
+    return out
+
+
+def check_shapes(shapes: dict[str, tuple[int, ...]], world_size: int) -> list[str]:
+    """Problems that stop a load at ``world_size``: every sharded tensor (dim 0) needs at least
+    one row per rank (FSDP2 shards dim 0; fewer rows leave ranks empty)."""
+    return [
+        f"{name}: dim 0 has {shape[0]} rows, fewer than {world_size} ranks"
+        for name, shape in sorted(shapes.items())
+        if len(shape) >= 1 and shape[0] < world_size
+    ]

@@ -1,0 +1,49 @@
+import pytest
+
+from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.reshard import check_shapes, plan_batch, step_slices
+from ckpt_tool.errors import CkptError
+
+
+@pytest.mark.parametrize(
+    "old, new_dp, expect",
+    [
+        (BatchConfig(4, 1, 4), 3, None),  # 16 not divisible by 3: refused (below)
+        (BatchConfig(3, 1, 4), 3, BatchConfig(2, 2, 3)),  # G=12: micro 3 does not divide 4 per rank; 2 does
+        (BatchConfig(4, 2, 2), 1, BatchConfig(4, 4, 1)),  # fewer ranks: more accumulation, same micro-batch
+        (BatchConfig(4, 4, 1), 2, BatchConfig(4, 2, 2)),
+        (BatchConfig(8, 1, 64), 48, None),  # 512 / 48 not integral: refused
+        (BatchConfig(2, 3, 64), 48, BatchConfig(2, 4, 48)),  # 384 on 48 ranks: 8 per rank
+    ],
+)
+def test_plan_keeps_the_global_batch(old, new_dp, expect):
+    if expect is None:
+        with pytest.raises(CkptError) as err:
+            plan_batch(old, new_dp)
+        assert "not divisible" in err.value.message and "nearest" in err.value.hint
+        return
+    plan = plan_batch(old, new_dp)
+    assert plan.new == expect
+    assert plan.new.global_batch == old.global_batch
+
+
+def test_refusal_lists_nearest_world_sizes_and_global_batches():
+    with pytest.raises(CkptError) as err:
+        plan_batch(BatchConfig(4, 1, 4), 3)  # G = 16
+    assert "nearest: 2, 4" in err.value.hint and "15 or 18" in err.value.hint
+
+
+def test_preferred_micro_batch_is_used_when_it_divides():
+    assert plan_batch(BatchConfig(4, 1, 4), 2, micro_batch=2).new == BatchConfig(2, 4, 2)
+
+
+@pytest.mark.parametrize("batch", [BatchConfig(4, 1, 3), BatchConfig(2, 2, 3), BatchConfig(1, 12, 1), BatchConfig(3, 1, 4)])
+def test_step_slices_tile_the_global_batch_exactly(batch):
+    slices = step_slices(100, batch)
+    covered = sorted(i for start, end in slices.values() for i in range(start, end))
+    assert covered == list(range(100, 100 + batch.global_batch))
+
+
+def test_shape_check():
+    assert check_shapes({"w": (8, 4), "b": (8,), "scalar": ()}, 8) == []
+    assert check_shapes({"w": (2, 4), "b": (8,)}, 4) == ["w: dim 0 has 2 rows, fewer than 4 ranks"]
