@@ -297,7 +297,6 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     if batch is None:
         raise batch_error or CkptError("no batch configuration", "pass --global-batch or --micro-batch")
     samples_log = open(f"{args.log_samples}.rank{rank}.jsonl", "a") if args.log_samples else None
-    run_start = time.time()
     hb = heartbeat()
     counters = {"samples": 0, "tokens": 0, **manager.extra}
     metrics = open(args.metrics, "a", encoding="utf-8") if rank == 0 else None
@@ -312,7 +311,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 indices = [micro_batch_indices(global_batch, batch, rank, m) for m in range(batch.grad_accum)]
                 micro_batches = [corpus.batch(i) for i in indices]
             if samples_log is not None:  # test hook: which samples each rank used at each step
-                samples_log.write(json.dumps({"step": step, "rank": rank, "run_start": run_start, "indices": torch.cat(indices).tolist()}) + "\n")
+                samples_log.write(json.dumps({"step": step, "rank": rank, "resumed_from": start, "indices": torch.cat(indices).tolist()}) + "\n")
                 samples_log.flush()
             loss_sum = torch.zeros(())
             for data in micro_batches:

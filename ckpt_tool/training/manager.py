@@ -218,10 +218,10 @@ class CheckpointManager:
         if not self.config.verify_on_resume or self.probe_spec is None or self.store.read_manifest(step).probe is None:
             return []
         try:
-            report = check_loaded_model(self.model, self.probe_spec.loss_fn, self.store, step, self.comm.world_size, self.comm.rank, self.comm.group)
+            report = check_loaded_model(self.model, self.probe_spec.loss_fn, self.store, step, self.comm.world_size, self.comm.group)
             problems = [f"verify {c.name}: recorded {c.recorded!r}, measured {c.measured!r} ({c.how})" for c in report.checks if not c.ok]
-        except CkptError as exc:
-            problems = [f"verify: {exc.message}"]
+        except (CkptError, OSError) as exc:
+            problems = [f"verify: {getattr(exc, 'message', exc)}"]
         return sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
 
     def _fall_back(self, bad: int, problems: list[str]) -> None:

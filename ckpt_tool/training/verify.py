@@ -105,7 +105,6 @@ def check_loaded_model(
     store: CheckpointStore,
     step: int,
     world_size: int,
-    rank: int = 0,
     process_group: Any = None,
 ) -> VerifyReport:
     """The four checks on a model that already holds the checkpoint's parameters."""
@@ -113,7 +112,7 @@ def check_loaded_model(
     if manifest.probe is None:
         raise CkptError(f"step {step} has no recorded probe", "only `ckpt validate` applies to checkpoints saved without a probe", ExitCode.FAILED)
     path = store.step_path(step)
-    rank_file = path / layout.rank_state_name(rank)
+    rank_file = path / layout.rank_state_name(0)  # step and scheduler are job-wide: rank 0 has them at any world size
     rank_state = state_codec.loads(rank_file.read_bytes(), str(rank_file))
     sched = rank_state.get("scheduler") or {}
     lr = float(sched["_last_lr"][0]) if sched.get("_last_lr") else None
@@ -123,7 +122,7 @@ def check_loaded_model(
     return VerifyReport(step, tuple(checks), not differences, differences)
 
 
-def verify_step(store: CheckpointStore, step: int, entry: str | None = None, world_size: int = 1, rank: int = 0) -> VerifyReport:
+def verify_step(store: CheckpointStore, step: int, entry: str | None = None, world_size: int = 1) -> VerifyReport:
     """Build the model from the entry point, load the checkpoint's parameters, run the checks."""
     manifest = store.read_manifest(step)
     spec = entry or manifest.entry_point
@@ -133,4 +132,4 @@ def verify_step(store: CheckpointStore, step: int, entry: str | None = None, wor
     state = {"model": get_model_state_dict(model)}
     load_state(state, store.step_path(step), no_dist=not torch.distributed.is_initialized())
     set_model_state_dict(model, state["model"])
-    return check_loaded_model(model, loss_fn, store, step, world_size, rank)
+    return check_loaded_model(model, loss_fn, store, step, world_size)

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     init_distributed("gloo")
     rank = dist.get_rank()
     try:
-        report = verify_step(CheckpointStore(directory), step, entry, world_size=dist.get_world_size(), rank=dist.get_rank())
+        report = verify_step(CheckpointStore(directory), step, entry, world_size=dist.get_world_size())
         result = report.to_json()
     except CkptError as exc:
         result = {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}
