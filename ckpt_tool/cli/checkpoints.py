@@ -241,3 +241,53 @@ def prune(
         console.print("nothing to delete")
     else:
         console.print(f"{'would delete' if dry_run else 'deleted'} steps {victims}")
+
+
+# --------------------------------------------------------------------------- reshard
+def reshard(
+    directory: Path = DirArg,
+    world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of data-parallel ranks."),
+    step: Optional[int] = typer.Option(None, "--step", min=0, help="Default: the step LATEST names."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", min=1, help="Preferred micro-batch (must divide the per-rank batch)."),
+    in_place: bool = typer.Option(False, "--in-place", help="Record the plan in the checkpoint's manifest lineage (used at resume)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write a copy laid out for the new world size (each rank then reads only its slice)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Check that a checkpoint loads at a new world size and plan the batch split that keeps the global batch."""
+    from ckpt_tool.training.reshard import plan_reshard, record_plan  # noqa: PLC0415
+
+    if in_place and out is not None:
+        raise CkptError("--in-place and --out exclude each other", "give one of them", ExitCode.USAGE)
+    store = CheckpointStore(directory)
+    report = plan_reshard(store, _default_step(store, step), world_size, micro_batch)
+    if in_place and not dry_run:
+        record_plan(store, report)
+    if out is not None and not dry_run:
+        _materialize(directory, report.step, out, world_size, micro_batch)
+    if as_json:
+        _print_json(report.to_json() | {"recorded": in_place and not dry_run})
+        return
+    plan = report.plan.to_json()
+    table = Table(title=f"reshard step {report.step}: {report.old_world_size} -> {report.new_world_size} ranks")
+    for col in ("", "world size", "micro-batch", "grad accumulation", "global batch"):
+        table.add_column(col, justify="right")
+    for name, b, w in (("old", plan["old"], report.old_world_size), ("new", plan["new"], report.new_world_size)):
+        table.add_row(name, str(w), str(b["micro_batch"]), str(b["grad_accum"]), str(b["global_batch"]))
+    console.print(table)
+    console.print(f"data position (global, unchanged): {report.data_position}")
+    if out is not None and not dry_run:
+        console.print(f"wrote step {report.step} laid out for {world_size} ranks to {out}; resume there with --world-size {world_size}")
+        return
+    console.print(
+        "recorded in the manifest's lineage: resume the job at the new size" if in_place and not dry_run
+        else "nothing written; resuming at the new size applies this plan automatically (--in-place records it)"
+    )
+
+
+def _materialize(directory: Path, step: int, out: Path, world_size: int, micro_batch: int | None) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}", "-m", "ckpt_tool.training.reshard_main", str(directory), str(step), str(out)]
+    proc = subprocess.run(cmd + ([str(micro_batch)] if micro_batch else []), capture_output=True, text=True)
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines() if "error:" in line or "hint:" in line]
+        raise CkptError(f"writing the resharded copy failed (exit {proc.returncode}): " + (" ".join(errors[:2]) or proc.stderr[-1500:]), f"nothing was committed in {out}; run with --dry-run to check the plan", ExitCode.FAILED)

@@ -31,7 +31,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
-import xxhash
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -44,11 +43,11 @@ from ckpt_tool.core.recovery import fallback_step
 from ckpt_tool.core.reshard import ReshardPlan, plan_batch
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
-from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import rng, state_codec
 from ckpt_tool.training.comm import Comm
+from ckpt_tool.training.commit import commit_staged
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
@@ -404,42 +403,26 @@ class CheckpointManager:
             upload.result()
         if self.config.test_commit_delay_s:
             time.sleep(self.config.test_commit_delay_s)
-        partial = self.store.partial_path(step)
-        rank = self.comm.rank
-        state_name = layout.rank_state_name(rank)
         assert self.run_id is not None
-        atomic_write(partial / state_name, rank_json)
-        digests = {**fs.written, state_name: FileDigest(state_name, len(rank_json), xxhash.xxh3_128_hexdigest(rank_json, seed=binding_seed(self.run_id, step, state_name)))}
-        mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
-        unhashed = [n for n in mine if n not in digests]  # not written through DCP's stream: read back
-        digests.update({d.name: d for d in hash_files(partial, unhashed, self.run_id, step)})
-        entries = [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in mine]
-        gathered = self.comm.all_gather(entries)
-        error: str | None = None
-        if self.comm.is_coordinator:
-            try:
-                manifest = Manifest(
-                    run_id=self.run_id,
-                    step=step,
-                    created_at=created_at,
-                    world_size=self.comm.world_size,
-                    files=tuple(sorted((e for es in gathered for e in es), key=lambda e: e.path)),
-                    batch=self.batch,
-                    parallelism=self.parallelism,
-                    env=env,
-                    probe=probe,
-                    entry_point=self.config.entry_point,
-                    entry_kwargs=self.config.entry_kwargs,
-                )
-                self.store.commit(step, manifest)
-                self.store.apply_retention(self.config.retention)
-            except (OSError, CkptError) as exc:
-                error = f"commit of step {step} failed: {exc}"
-        error = self.comm.broadcast(error)
-        if error is None:
-            self.hb.checkpoint_committed(step)
-        if error is not None:
-            raise CkptError(error, f"the previous checkpoint is intact; check free space and permissions in {self.store.root}")
+        run_id = self.run_id
+
+        def make_manifest(files: tuple[FileEntry, ...]) -> Manifest:
+            return Manifest(
+                run_id=run_id,
+                step=step,
+                created_at=created_at,
+                world_size=self.comm.world_size,
+                files=files,
+                batch=self.batch,
+                parallelism=self.parallelism,
+                env=env,
+                probe=probe,
+                entry_point=self.config.entry_point,
+                entry_kwargs=self.config.entry_kwargs,
+            )
+
+        commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
+        self.hb.checkpoint_committed(step)
 
     # ------------------------------------------------------------------ waiting and shutdown
     def wait_for_staging(self) -> None:

@@ -10,9 +10,12 @@ difference is printed).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ckpt_tool.recipes.launch import FAST_ARGS, read_metrics, recipe_args, run, torchrun_command
 from ckpt_tool.recipes.tiny_gpt import Corpus, GlobalSampler, GPTConfig
@@ -93,3 +96,84 @@ def test_resume_at_another_world_size(tmp_path, case):
     print(f"{case}: max relative loss difference after the reshard {worst:.3g}")
     assert worst < LOSS_TOLERANCE
     assert all(resumed[s].lr == ref[s].lr for s in range(11, STEPS + 1))  # the schedule is exact
+
+
+@pytest.fixture(scope="module")
+def four_rank_checkpoint(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("four")
+    code, _ = launch(root, "m", 4, ("--global-batch", "12", "--micro-batch", "3"))
+    assert code == 0, (root / "m.log").read_text()[-3000:]
+    return root / "ckpt"
+
+
+def ckpt_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def full_state(directory: Path) -> dict:
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    return _load_state_dict_from_keys(checkpoint_id=str(directory))
+
+
+def test_offline_reshard_out_is_bit_identical_and_resumable(four_rank_checkpoint, tmp_path):
+    out = tmp_path / "three"
+    proc = ckpt_cli("reshard", four_rank_checkpoint, "--world-size", "3", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["new"] == {"micro_batch": 2, "grad_accum": 2, "dp_size": 3, "global_batch": 12}
+    store = CheckpointStore(out)
+    assert store.read_latest() == STEPS and store.validate(STEPS).ok
+    m = store.read_manifest(STEPS)
+    assert m.world_size == 3 and m.batch.global_batch == 12 and m.lineage[-1]["event"] == "resharded_from"
+    assert {f.rank for f in m.files} == {0, 1, 2}  # laid out for 3 ranks: each reads its own files
+    src, dst = full_state(four_rank_checkpoint / "step_00000020"), full_state(out / "step_00000020")
+    for part in ("model", "optim"):
+        flat_src = {k: v for k, v in _flatten(src[part])}
+        flat_dst = {k: v for k, v in _flatten(dst[part])}
+        assert flat_src.keys() == flat_dst.keys()
+        for k, v in flat_src.items():
+            assert torch.equal(v, flat_dst[k]) if isinstance(v, torch.Tensor) else v == flat_dst[k], k
+    # and a 3-rank job resumes from it (to step 25) without planning anything new
+    args = recipe_args(out, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "2")
+    assert run(torchrun_command(3, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0
+    assert [x.step for x in read_metrics(tmp_path / "m.jsonl")] == list(range(STEPS + 1, STEPS + 6))
+
+
+def _flatten(obj, prefix=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _flatten(v, f"{prefix}{k}.")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _flatten(v, f"{prefix}{i}.")
+    else:
+        yield prefix, obj
+
+
+@pytest.mark.parametrize(
+    "world, message, hint",
+    [
+        ("5", "cannot be split over 5 data-parallel ranks", "nearest: 4, 6"),
+        ("100", "cannot be sharded over 100 ranks", "use at most 64 ranks"),
+    ],
+)
+def test_bad_reshard_requests_are_refused_with_reason_and_options(four_rank_checkpoint, tmp_path, world, message, hint):
+    proc = ckpt_cli("reshard", four_rank_checkpoint, "--world-size", world, "--out", tmp_path / "x")
+    assert proc.returncode == 4
+    assert message in " ".join(proc.stderr.split()) and hint in " ".join(proc.stderr.split())
+    assert not (tmp_path / "x").exists()
+
+
+def test_in_place_plan_is_recorded_and_used_at_resume(four_rank_checkpoint, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(four_rank_checkpoint, ckpt)
+    proc = ckpt_cli("reshard", ckpt, "--world-size", "2", "--micro-batch", "2", "--in-place", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["new"] == {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}
+    assert CheckpointStore(ckpt).read_manifest(STEPS).lineage[-1]["event"] == "reshard_plan"
+    args = recipe_args(ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12")
+    assert run(torchrun_command(2, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0
+    assert CheckpointStore(ckpt).read_manifest(STEPS + 5).batch.micro_batch == 2  # the recorded plan, not the default

@@ -1,0 +1,59 @@
+"""The distributed half of the commit protocol, shared by every writer of checkpoints.
+
+Each rank writes its JSON state into the staging directory, collects the hashes of what it
+wrote (computed while DCP wrote; anything else is read back), and the entries are gathered;
+rank 0 builds the manifest, commits (manifest last, fsync, rename, LATEST, index) and applies
+retention. Every rank learns the outcome.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import xxhash
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.manifest import FileEntry, Manifest
+from ckpt_tool.core.retention import RetentionPolicy
+from ckpt_tool.errors import CkptError
+from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
+from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training.comm import Comm
+from ckpt_tool.training.hashing_fs import HashingFileSystem
+
+
+def commit_staged(
+    store: CheckpointStore,
+    comm: Comm,
+    step: int,
+    run_id: str,
+    fs: HashingFileSystem,
+    rank_json: bytes,
+    make_manifest: Callable[[tuple[FileEntry, ...]], Manifest],
+    retention: RetentionPolicy | None = None,
+) -> None:
+    """Collective. Raises ``CkptError`` on every rank when the commit failed (the previous
+    checkpoint is intact)."""
+    partial = store.partial_path(step)
+    rank = comm.rank
+    state_name = layout.rank_state_name(rank)
+    atomic_write(partial / state_name, rank_json)
+    digests = {**fs.written, state_name: FileDigest(state_name, len(rank_json), xxhash.xxh3_128_hexdigest(rank_json, seed=binding_seed(run_id, step, state_name)))}
+    mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
+    unhashed = [n for n in mine if n not in digests]  # not written through DCP's stream: read back
+    digests.update({d.name: d for d in hash_files(partial, unhashed, run_id, step)})
+    entries = [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in mine]
+    gathered = comm.all_gather(entries)
+    error: str | None = None
+    if comm.is_coordinator:
+        try:
+            store.commit(step, make_manifest(tuple(sorted((e for es in gathered for e in es), key=lambda e: e.path))))
+            if retention is not None:
+                store.apply_retention(retention)
+        except (OSError, CkptError) as exc:
+            error = f"commit of step {step} failed: {exc}"
+    error = comm.broadcast(error)
+    if error is not None:
+        raise CkptError(error, f"the previous checkpoint is intact; check free space and permissions in {store.root}")

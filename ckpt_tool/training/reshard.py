@@ -1,0 +1,67 @@
+"""``ckpt reshard``: check that a checkpoint loads at a new world size and plan the batch split.
+
+The plan (``core.reshard``) keeps the global batch; the shape check reads tensor shapes from the
+DCP metadata (safely) and refuses a size that leaves ranks without rows. ``--in-place`` records
+the plan in the manifest's lineage, where the checkpoint manager finds it when the job resumes
+at that size (load-time resharding: DCP reshards as it loads).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.reshard import ReshardPlan, check_shapes, plan_batch
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training import state_codec
+from ckpt_tool.training.safe_dcp import load_metadata_safely
+
+
+@dataclass(frozen=True)
+class ReshardReport:
+    step: int
+    old_world_size: int
+    new_world_size: int
+    plan: ReshardPlan
+    data_position: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "old_world_size": self.old_world_size, "new_world_size": self.new_world_size, "data_position": self.data_position, **self.plan.to_json()}
+
+
+def tensor_shapes(store: CheckpointStore, step: int) -> dict[str, tuple[int, ...]]:
+    with open(store.step_path(step) / layout.DCP_METADATA_NAME, "rb") as f:
+        metadata = load_metadata_safely(f)
+    return {k: tuple(m.size) for k, m in metadata.state_dict_metadata.items() if k.startswith("model.") and hasattr(m, "size")}
+
+
+def plan_reshard(store: CheckpointStore, step: int, world_size: int, micro_batch: int | None = None) -> ReshardReport:
+    manifest = store.read_manifest(step)
+    if manifest.batch is None:
+        raise CkptError(f"step {step} records no batch split (micro-batch, accumulation)", "the global batch cannot be kept without it; pass batch= to CheckpointManager", ExitCode.CONFLICT)
+    problems = check_shapes(tensor_shapes(store, step), world_size)
+    if problems:
+        raise CkptError(
+            f"step {step} cannot be sharded over {world_size} ranks: " + "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+            f"use at most {min(int(p.split(' has ')[1].split()[0]) for p in problems)} ranks",
+            ExitCode.CONFLICT,
+        )
+    plan = plan_batch(manifest.batch, world_size, micro_batch)
+    rank0 = store.step_path(step) / layout.rank_state_name(0)
+    data = state_codec.loads(rank0.read_bytes(), str(rank0)).get("data") if rank0.exists() else None
+    return ReshardReport(step, manifest.world_size, world_size, plan, data)
+
+
+def record_plan(store: CheckpointStore, report: ReshardReport) -> None:
+    """Append the plan to the manifest's lineage (atomic rewrite, under the directory's lock)."""
+    lock = store.lock()
+    with lock:
+        manifest = store.read_manifest(report.step)
+        entry = {"event": "reshard_plan", "time": time.time(), "world_size": report.new_world_size, "batch": report.plan.to_json()["new"]}
+        updated = replace(manifest, lineage=(*manifest.lineage, entry))
+        atomic_write(store.step_path(report.step) / layout.MANIFEST_NAME, updated.to_json().encode())
+        store.append_event("reshard_plan", step=report.step, world_size=report.new_world_size, batch=entry["batch"])
