@@ -1,7 +1,9 @@
 """``ckpt recover``: the one decision taken at every start or requeue of a job, before training.
 
 Newest committed checkpoint (LATEST) -> full validation -> if damaged, roll back (quarantine,
-never delete) to the newest valid one -> compare its world size with the allocation. The
+never delete) to the newest valid one -> compare its world size with the allocation and, if it
+changed, check and plan the reshard (refused with the reason when the shapes or the global
+batch do not fit the new size). The
 decision goes to ``RUN_DIR/recover.json`` and the run's event log, where ``ckpt run``, the
 training script and ``ckpt status`` find it.
 """
@@ -13,10 +15,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import note
+from ckpt_tool.training.reshard import plan_reshard
 from ckpt_tool.training.rollback import rollback
 from ckpt_tool.training.validate import validate_step
 
@@ -33,6 +35,7 @@ class Decision:
     world_size: int | None
     cleanup: tuple[str, ...]
     seconds: float
+    reshard: dict[str, object] | None = None  # the batch plan when the world size changed
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -54,16 +57,15 @@ def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None 
                 report = rollback(store, auto=False, reason=f"ckpt recover: step {latest} is damaged or missing")
                 step, rolled_from, quarantined = report.target, latest, report.quarantined
             saved = store.read_manifest(step).world_size
-            decision = Decision("resume", step, rolled_from, quarantined, saved, world_size, cleanup, 0.0)
+            reshard = None
+            if world_size is not None and saved != world_size:
+                # the allocation changed: check now that the checkpoint can be resumed at this size
+                # (shapes, global batch); the training's resume applies the same plan
+                reshard = plan_reshard(store, step, world_size).to_json()
+            decision = Decision("resume", step, rolled_from, quarantined, saved, world_size, cleanup, 0.0, reshard)
     decision = Decision(**{**decision.to_json(), "seconds": round(time.monotonic() - t0, 3)})
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / DECISION_NAME, (json.dumps(decision.to_json(), indent=1) + "\n").encode())
         note(run_dir, "recover", **decision.to_json())
-    if decision.saved_world_size is not None and world_size is not None and decision.saved_world_size != world_size:
-        raise CkptError(
-            f"checkpoint step {decision.step} was written by {decision.saved_world_size} ranks, this allocation has {world_size}",
-            f"run `ckpt reshard {ckpt_dir} --world-size {world_size}` (resharding plans the new batch split), or submit with the old size",
-            ExitCode.CONFLICT,
-        )
     return decision

@@ -240,3 +240,24 @@ def test_training_resume_verifies_and_rolls_back_by_itself(ckpt, tmp_path):
     assert q.step == 20 and "verify loss" in q.data["reason"]
     assert [m.step for m in recipe.metrics_lines()] == list(range(16, 26))
     assert store.read_latest() == 25 and store.validate(25).ok
+
+
+def test_recover_decides_resume_rollback_and_reshard(ckpt, capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "2", "--run-dir", run_dir)
+    decision = json.loads(out)
+    assert (code, decision["action"], decision["step"], decision["reshard"]) == (0, "resume", 20, None)
+    flip_bit(shard(ckpt, 20))
+    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "1", "--run-dir", run_dir)
+    decision = json.loads(out)
+    assert (decision["step"], decision["rolled_back_from"], decision["quarantined"]) == (15, 20, [20])
+    assert decision["reshard"]["new"] == {"micro_batch": 8, "grad_accum": 2, "dp_size": 1, "global_batch": 16}
+    assert json.loads((run_dir / "recover.json").read_text()) == decision
+    assert [e for e in (run_dir / "events.jsonl").read_text().splitlines() if '"recover"' in e]
+    code, _, err = ckpt_cli(capsys, "recover", ckpt, "--world-size", "3")
+    assert code == 4 and "cannot be split over 3" in err
+
+
+def test_recover_on_a_fresh_directory_starts_fresh(tmp_path, capsys):
+    code, out, _ = ckpt_cli(capsys, "recover", tmp_path / "new", "--world-size", "2")
+    assert code == 0 and json.loads(out)["action"] == "fresh"
