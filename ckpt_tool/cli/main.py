@@ -12,7 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
-from ckpt_tool.cli import checkpoints, demo, jobs
+from ckpt_tool.cli import checkpoints, demo, jobs, plan
 from ckpt_tool.errors import CkptError
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ app.command("recover")(jobs.recover)
 app.command("note", hidden=True)(jobs.note_cmd)
 app.command("status")(jobs.status)
 app.command("history")(jobs.history)
+app.command("plan")(plan.plan)
 
 
 @app.callback()

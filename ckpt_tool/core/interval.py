@@ -1,0 +1,69 @@
+"""Checkpoint-interval planning (Young/Daly). Pure.
+
+With checkpoint cost C, restart cost R and mean time between failures M (seconds):
+- Young's first-order optimum of the compute time between checkpoints: sqrt(2 C M);
+- Daly's higher-order optimum (J. T. Daly, "A higher order estimate of the optimum checkpoint
+  interval for restart dumps", FGCS 2006): for C < 2M,
+  tau = sqrt(2 C M) x [1 + (1/3) sqrt(C / 2M) + (1/9) (C / 2M)] - C, else tau = M;
+- Daly's expected wall time per unit of work gives the goodput of an interval tau:
+  goodput(tau) = tau / (M e^(R/M) (e^((tau + C)/M) - 1)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ckpt_tool.errors import CkptError, ExitCode
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class IntervalPlan:
+    checkpoint_s: float
+    mtbf_s: float
+    restart_s: float
+    interval_s: float  # compute seconds between checkpoints (Daly)
+    young_s: float
+    goodput: float
+    step_s: float | None = None
+
+    @property
+    def interval_steps(self) -> int | None:
+        return None if self.step_s is None else max(1, round(self.interval_s / self.step_s))
+
+
+def _check(name: str, value: float, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise CkptError(f"{name} must be a positive number of seconds or hours, got {value!r}", "see `ckpt plan --help`", ExitCode.USAGE)
+
+
+def goodput(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Useful compute / wall time, Daly's model (failures during checkpoints and restarts included)."""
+    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + checkpoint_s) / mtbf_s))
+
+
+def plan_interval(checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0, step_s: float | None = None) -> IntervalPlan:
+    _check("checkpoint time", checkpoint_s)
+    _check("MTBF", mtbf_s)
+    _check("restart time", restart_s, allow_zero=True)
+    if step_s is not None:
+        _check("step time", step_s)
+    young = math.sqrt(2 * checkpoint_s * mtbf_s)
+    if checkpoint_s < 2 * mtbf_s:
+        r = checkpoint_s / (2 * mtbf_s)
+        tau = young * (1 + math.sqrt(r) / 3 + r / 9) - checkpoint_s
+    else:
+        tau = mtbf_s
+    return IntervalPlan(checkpoint_s, mtbf_s, restart_s, tau, young, goodput(tau, checkpoint_s, mtbf_s, restart_s), step_s)
+
+
+def waste_table(plan: IntervalPlan, factors: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)) -> list[tuple[float, float, float]]:
+    """(interval seconds, goodput, wasted hours per day) around the optimum."""
+    rows = []
+    for f in factors:
+        tau = plan.interval_s * f
+        g = goodput(tau, plan.checkpoint_s, plan.mtbf_s, plan.restart_s)
+        rows.append((tau, g, (1 - g) * DAY_S / 3600))
+    return rows
