@@ -18,6 +18,8 @@ scheduler, scaler, data position, user extras) goes into a per-rank JSON file, n
 from __future__ import annotations
 
 import atexit
+import errno
+import shutil
 import logging
 import os
 import signal
@@ -33,6 +35,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ckpt_tool.core import layout
@@ -51,7 +54,7 @@ from ckpt_tool.training.commit import commit_staged
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
-from ckpt_tool.training.safe_dcp import load_state
+from ckpt_tool.training.safe_dcp import dcp_failures, load_state
 from ckpt_tool.training.validate import validate_step
 from ckpt_tool.training.verify import check_loaded_model
 
@@ -78,10 +81,15 @@ class CheckpointConfig:
     entry_point: str | None = None  # "module:function" that builds the model for `ckpt verify`
     entry_kwargs: dict[str, Any] = field(default_factory=dict)  # JSON keyword arguments for it
     test_commit_delay_s: float = 0.0  # test hook: a slow filesystem between write and commit
+    # A save that fails (disk full, permissions): "stop" raises CkptError (the default: a run that
+    # cannot checkpoint trains without a safety net); "continue" logs it and trains on.
+    on_save_error: str = "stop"
 
     def __post_init__(self) -> None:
         if not isinstance(self.save_every, int) or self.save_every < 0:
             raise ValueError(f"save_every must be a non-negative integer, got {self.save_every!r}")
+        if self.on_save_error not in ("stop", "continue"):
+            raise ValueError(f"on_save_error must be 'stop' or 'continue', got {self.on_save_error!r}")
         if self.io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {self.io_threads!r}")
 
@@ -358,7 +366,11 @@ class CheckpointManager:
             state["probe"] = self.probe_spec.batch
         rank_json = state_codec.dumps(self._rank_state(step, extra))
         partial = self.store.partial_path(step)
-        partial.mkdir(parents=True, exist_ok=True)
+        try:
+            partial.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._handle_save_error(self._save_failed(step, exc))
+            return
         writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=self.config.io_threads, overwrite=True)
         run_id = self.run_id
         writer.fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))  # hashes as it writes
@@ -374,9 +386,39 @@ class CheckpointManager:
             self._staging = response.staging_completion
             self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
         else:
-            dcp.save(state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
-            self._finish(None, *commit_args)
+            try:
+                dcp.save(state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
+            except (CheckpointException, OSError) as exc:
+                self._handle_save_error(self._save_failed(step, exc))
+                return
+            try:
+                self._finish(None, *commit_args)
+            except CkptError as exc:
+                self._handle_save_error(exc)
+                return
         self.last_saved_step = step
+
+    def _save_failed(self, step: int, exc: BaseException) -> CkptError:
+        """Remove the staging directory of a failed save and say why, with the space involved."""
+        if self.comm.is_coordinator:
+            shutil.rmtree(self.store.partial_path(step), ignore_errors=True)
+        cause = _root_os_error(exc)
+        latest = self.store.latest_or_none()
+        hint = f"the previous checkpoint (step {latest}) is intact and the partial files were removed" if latest is not None else "no checkpoint was committed yet; the partial files were removed"
+        if cause is not None and cause.errno == errno.ENOSPC:
+            free = shutil.disk_usage(self.store.root).free
+            needed = self.store.read_manifest(latest).total_bytes if latest is not None else None
+            need = f"a checkpoint takes about {needed} bytes" if needed else "the state did not fit"
+            return CkptError(f"saving step {step} failed: no space left on device in {self.store.root} ({free} bytes free; {need})", f"free space there or move --ckpt-dir; {hint}", ExitCode.FAILED)
+        detail = f"{type(cause or exc).__name__}: {cause or exc}".splitlines()[0]
+        return CkptError(f"saving step {step} to {self.store.root} failed: {detail}", hint, ExitCode.FAILED)
+
+    def _handle_save_error(self, error: CkptError) -> None:
+        """``on_save_error="stop"`` (default): raise; ``"continue"``: log and train on."""
+        if self.config.on_save_error == "continue":
+            log.error("ckpt: %s (training continues without this checkpoint: %s)", error.message, error.hint)
+            return
+        raise error
 
     def _get_stager(self) -> Any:
         if self._stager is None:
@@ -400,7 +442,10 @@ class CheckpointManager:
     def _finish(self, upload: Future | None, fs: HashingFileSystem, step: int, rank_json: bytes, probe: Probe | None, created_at: float, env: dict[str, Any]) -> None:
         """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
         if upload is not None:
-            upload.result()
+            try:
+                upload.result()
+            except (CheckpointException, OSError) as exc:
+                raise self._save_failed(step, exc) from None
         if self.config.test_commit_delay_s:
             time.sleep(self.config.test_commit_delay_s)
         assert self.run_id is not None
@@ -421,7 +466,10 @@ class CheckpointManager:
                 entry_kwargs=self.config.entry_kwargs,
             )
 
-        commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
+        try:
+            commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
+        except (CkptError, OSError) as exc:
+            raise self._save_failed(step, exc) from None
         self.hb.checkpoint_committed(step)
 
     # ------------------------------------------------------------------ waiting and shutdown
@@ -435,7 +483,10 @@ class CheckpointManager:
         self.wait_for_staging()
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
-            inflight.result(timeout=timeout)
+            try:
+                inflight.result(timeout=timeout)
+            except CkptError as exc:
+                self._handle_save_error(exc)
 
     def close(self, timeout: float | None = None) -> None:
         with self._lock:
@@ -464,3 +515,20 @@ class CheckpointManager:
             log.error("ckpt: in-flight save lost at SIGTERM: %s", exc)
         signal.signal(signal.SIGTERM, self._previous_term if callable(self._previous_term) else signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _root_os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failure, looking through DCP's CheckpointException and chains."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e
+        if isinstance(e, CheckpointException):
+            todo += dcp_failures(e)
+        todo += [e.__cause__, e.__context__]
+    return None

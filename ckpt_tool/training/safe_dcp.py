@@ -105,6 +105,16 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+def dcp_failures(exc: CheckpointException) -> list[BaseException]:
+    """The exceptions of each rank inside DCP's CheckpointException (DCP wraps them)."""
+    out = []
+    for failure in exc.failures.values():
+        inner = failure[0] if isinstance(failure, tuple) and failure else failure  # (exception, traceback summary)
+        if isinstance(inner, BaseException):
+            out.append(inner)
+    return out
+
+
 def load_state(
     state: dict[str, Any],
     path: Path,
@@ -133,12 +143,10 @@ def load_state(
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:
-        failures = list(exc.failures.values())
+        failures = dcp_failures(exc)
         for failure in failures:
             if isinstance(failure, CkptError):
                 raise failure from None
         first = failures[0] if failures else exc
         text = str(first)
-        if "CkptError" in text or "does not match the manifest" in text:  # a peer rank's CkptError, as text
-            raise CkptError(text.strip().splitlines()[-1], "the checkpoint is damaged: `ckpt rollback --auto` moves to the newest good one") from None
         raise CkptError(f"loading {path} failed: {type(first).__name__}: {text.splitlines()[0] if text else ''}", "run `ckpt validate` and `ckpt rollback`") from None
