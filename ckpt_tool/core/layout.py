@@ -7,6 +7,7 @@ so the step-parsing rule exists exactly once.
       LATEST                      pointer: the name of the newest committed step directory
       index.jsonl                 append-only event log (commits, validations, quarantines)
       .lock                       filelock guarding commits, pointer moves and deletions
+      .owner.json                 the job writing this directory (job id, host, pid, last seen)
       step_00000040/              a committed checkpoint (manifest written last)
         ckpt_manifest.json
         .metadata  __0_0.distcp  __1_0.distcp ...   (PyTorch DCP)
@@ -25,6 +26,7 @@ from enum import Enum
 LATEST_NAME = "LATEST"
 INDEX_NAME = "index.jsonl"
 LOCK_NAME = ".lock"
+OWNER_NAME = ".owner.json"
 QUARANTINE_NAME = "quarantine"
 MANIFEST_NAME = "ckpt_manifest.json"
 DCP_METADATA_NAME = ".metadata"

@@ -53,3 +53,17 @@ def append_line(path: Path, line: str, mode: int = 0o644) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux /proc), else by a set-and-restore."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -8,6 +8,7 @@ checkpoint reads LATEST (constant time); only clean-up and retention list the di
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -15,17 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import psutil
 from filelock import FileLock, Timeout
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import IndexEvent, format_event, parse_index
 from ckpt_tool.core.listing import Row, build_rows
 from ckpt_tool.core.manifest import Manifest
+from ckpt_tool.core.ownership import Owner, decide
 from ckpt_tool.core.retention import RetentionPolicy, steps_to_delete
 from ckpt_tool.core.validation import DiskEntry, Problem, hash_problems, structure_problems
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import hash_files
-from ckpt_tool.store.durable import append_line, atomic_write, fsync_dir
+from ckpt_tool.store.durable import append_line, atomic_write, current_umask, fsync_dir
 
 MAX_MANIFEST_BYTES = 64 << 20
 LOCK_TIMEOUT_S = 120.0
@@ -86,7 +89,8 @@ class CheckpointStore:
         return self.root / layout.QUARANTINE_NAME
 
     def lock(self, timeout: float = LOCK_TIMEOUT_S) -> FileLock:
-        return FileLock(self.root / layout.LOCK_NAME, timeout=timeout, mode=0o644)
+        # filelock chmods the lock file to `mode`: filter it by the umask ourselves
+        return FileLock(self.root / layout.LOCK_NAME, timeout=timeout, mode=0o644 & ~current_umask())
 
     def _locked(self, timeout: float = LOCK_TIMEOUT_S) -> FileLock:
         lock = self.lock(timeout)
@@ -225,6 +229,36 @@ class CheckpointStore:
                 parsed = layout.parse_entry(e.name)
                 if parsed is not None and e.is_dir(follow_symlinks=False):
                     yield parsed
+
+    # ----------------------------------------------------------------- ownership
+    def claim(self, me: Owner, stale_after_s: float, take_over: bool) -> str:
+        """Become the directory's writer, or raise naming the job that is (see core.ownership)."""
+        path = self.root / layout.OWNER_NAME
+        lock = self._locked()
+        try:
+            try:
+                current = Owner.from_json(json.loads(path.read_text()))
+            except (FileNotFoundError, ValueError):
+                current = None
+            alive = None
+            if current is not None and current.host == me.host:
+                alive = psutil.pid_exists(current.pid)
+            decision = decide(current, me, time.time(), stale_after_s, alive, take_over)
+            if not decision.allowed:
+                raise CkptError(
+                    f"{self.root} is being written by {decision.reason}",
+                    "two jobs must not share a checkpoint directory: wait for it, use another --ckpt-dir, or take over (take_over=True) if it is dead",
+                    ExitCode.CONFLICT,
+                )
+            atomic_write(path, json.dumps(me.to_json()).encode())
+            if current is None or current.pid != me.pid or current.host != me.host:
+                self.append_event("owner", job_id=me.job_id, host=me.host, pid=me.pid, reason=decision.reason)
+            return decision.reason
+        finally:
+            lock.release()
+
+    def refresh_owner(self, me: Owner) -> None:
+        atomic_write(self.root / layout.OWNER_NAME, json.dumps(me.to_json()).encode())
 
     # ----------------------------------------------------------------- writing
     def commit(self, step: int, manifest: Manifest) -> Path:

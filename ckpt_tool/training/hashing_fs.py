@@ -27,6 +27,7 @@ from ckpt_tool.core.manifest import FileEntry
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.checksums import FileDigest
 
+FILE_MODE = 0o644
 _TMP_SUFFIX = ".tmp"  # DCP writes .metadata as .metadata.tmp, then renames it
 
 
@@ -70,7 +71,9 @@ class HashingFileSystem(FileSystem):
         path = Path(path)
         name = path.name.removesuffix(_TMP_SUFFIX)
         if "w" in mode:
-            with open(path, mode) as raw:
+            # 0o644 filtered by the umask: checkpoint data is never group- or world-writable
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            with open(fd, mode) as raw:
                 writer = _HashingWriter(raw, self.seed_for(name))
                 yield writer
                 writer.flush()

@@ -23,6 +23,7 @@ import shutil
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
+from ckpt_tool.core.ownership import Owner
 from ckpt_tool.core.recovery import fallback_step
 from ckpt_tool.core.reshard import ReshardPlan, plan_batch
 from ckpt_tool.core.retention import RetentionPolicy
@@ -59,6 +61,7 @@ from ckpt_tool.training.validate import validate_step
 from ckpt_tool.training.verify import check_loaded_model
 
 log = logging.getLogger("ckpt_tool")
+OWNER_REFRESH_S = 30.0  # how often the writing job says it is alive (one small write)
 
 
 class Stateful(Protocol):
@@ -84,6 +87,8 @@ class CheckpointConfig:
     # A save that fails (disk full, permissions): "stop" raises CkptError (the default: a run that
     # cannot checkpoint trains without a safety net); "continue" logs it and trains on.
     on_save_error: str = "stop"
+    take_over: bool = False  # write even if another live job owns the directory
+    owner_stale_after_s: float = 300.0  # an owner not seen for this long is presumed dead
 
     def __post_init__(self) -> None:
         if not isinstance(self.save_every, int) or self.save_every < 0:
@@ -120,6 +125,9 @@ class CheckpointManager:
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.last_saved_step: int | None = None
         self._plan: ReshardPlan | None = None  # set when resume() reshards
+        self._owner_since: float | None = None  # set when rank 0 claimed the directory
+        self._claimed = False
+        self._owner_refreshed = 0.0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
         self._inflight: Future | None = None
         self._staging: Future | None = None
@@ -164,6 +172,7 @@ class CheckpointManager:
         used, up to ``max_fallbacks`` times. Collective: every rank calls it.
         """
         self.wait()
+        self._claim_directory()
         if self.comm.is_coordinator:
             for action in self.store.clean_up_after_crash(roll_forward=lambda s: validate_step(self.store, s).ok):
                 log.warning("ckpt: %s", action)
@@ -191,6 +200,35 @@ class CheckpointManager:
             f"inspect {self.store.quarantine_root} and the index; run `ckpt validate --all`",
             ExitCode.NOT_FOUND,
         )
+
+    def _owner(self) -> Owner:
+        now = time.time()
+        return Owner(os.environ.get("SLURM_JOB_ID"), socket.gethostname(), os.getpid(), self._owner_since or now, now)
+
+    def _claim_directory(self) -> None:
+        """One job writes a directory at a time (rank 0 claims it; every rank learns the outcome)."""
+        error: CkptError | None = None
+        if self.comm.is_coordinator:
+            try:
+                self._owner_since = time.time()
+                reason = self.store.claim(self._owner(), self.config.owner_stale_after_s, self.config.take_over)
+                if reason.startswith("stale") or reason.startswith("take-over"):
+                    log.warning("ckpt: taking over %s (%s)", self.store.root, reason)
+                self._owner_refreshed = time.monotonic()
+            except CkptError as exc:
+                error = exc
+        error = self.comm.broadcast(error)
+        if error is not None:
+            raise error
+        self._claimed = True  # on every rank: later saves need not ask again
+
+    def _refresh_owner(self) -> None:
+        if self.comm.is_coordinator and self._owner_since is not None and time.monotonic() - self._owner_refreshed > OWNER_REFRESH_S:
+            self._owner_refreshed = time.monotonic()
+            try:
+                self.store.refresh_owner(self._owner())
+            except OSError as exc:  # a flaky shared filesystem must not stop training
+                log.warning("ckpt: could not refresh %s: %s", self.store.root, exc)
 
     def _candidate(self) -> int | None | CkptError:
         try:
@@ -330,6 +368,7 @@ class CheckpointManager:
         and, when ``ckpt run`` asked for it (preemption, time limit), saves now and exits the
         process with status 0 once the checkpoint is committed (``ckpt run`` then exits "requeue")."""
         self.hb.beat(step, "step")
+        self._refresh_owner()
         stop = self.hb.active and self.comm.any_rank(self.hb.stop_requested())
         saved = False
         if stop or (self.config.save_every and step % self.config.save_every == 0):
@@ -356,6 +395,8 @@ class CheckpointManager:
 
     def _save(self, step: int, extra: dict[str, Any] | None) -> None:
         self.wait()  # at most one save in flight
+        if not self._claimed:
+            self._claim_directory()  # a script that saves without resume() first
         if self.run_id is None:
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:16] if self.comm.is_coordinator else None)
         lr = float(self.optimizer.param_groups[0]["lr"])
@@ -366,8 +407,11 @@ class CheckpointManager:
             state["probe"] = self.probe_spec.batch
         rank_json = state_codec.dumps(self._rank_state(step, extra))
         partial = self.store.partial_path(step)
+        if not self.store.root.is_dir():  # never recreate it: that would start a new, empty history
+            self._handle_save_error(CkptError(f"checkpoint directory {self.store.root} vanished (unmounted or deleted?)", "restore or remount it; the previous checkpoints are wherever it went", ExitCode.FAILED))
+            return
         try:
-            partial.mkdir(parents=True, exist_ok=True)
+            partial.mkdir(exist_ok=True)
         except OSError as exc:
             self._handle_save_error(self._save_failed(step, exc))
             return

@@ -76,3 +76,33 @@ def test_continue_mode_logs_and_trains_on(small_fs, caplog):
     t.step()
     t.manager.close()
     assert CheckpointStore(ckpt).read_latest() == 1
+
+
+def test_read_only_filesystem_is_a_clear_error(small_fs):
+    ckpt = small_fs / "ckpt"
+    t = make_trainer(ckpt)
+    t.step()
+    t.manager.save(1)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    try:
+        with pytest.raises(CkptError) as err:
+            t.manager.save(2)
+        assert "Read-only file system" in err.value.message and "step 1" in err.value.hint
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+    assert CheckpointStore(ckpt).read_latest() == 1
+
+
+def test_vanished_directory_is_not_recreated(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    t = make_trainer(ckpt)
+    t.step()
+    t.manager.save(1)
+    ckpt.rename(tmp_path / "moved")
+    with pytest.raises(CkptError, match="vanished"):
+        t.manager.save(2)
+    assert not ckpt.exists()
+    (tmp_path / "moved").rename(ckpt)
+    t.manager.save(3)
+    t.manager.close()
+    assert CheckpointStore(ckpt).read_latest() == 3

@@ -1,0 +1,77 @@
+"""Two jobs pointed at one checkpoint directory: the second is refused with who holds it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+
+from ckpt_tool.core import layout
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.recipes.launch import FAST_ARGS, kill_tree, recipe_args, run, torchrun_command
+from ckpt_tool.store.store import CheckpointStore
+
+from ..integration.tiny import make_trainer
+
+pytestmark = [pytest.mark.faults, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+def write_owner(ckpt, **fields):
+    ckpt.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    owner = {"job_id": None, "host": socket.gethostname(), "pid": 1, "since": now - 50, "last_seen": now, **fields}
+    (ckpt / layout.OWNER_NAME).write_text(json.dumps(owner))
+
+
+def test_a_live_owner_on_this_host_is_refused_then_taken_over_once_dead(tmp_path):
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        write_owner(tmp_path / "c", pid=other.pid)
+        t = make_trainer(tmp_path / "c")
+        with pytest.raises(CkptError) as err:
+            t.manager.resume()
+        assert err.value.exit_code == ExitCode.CONFLICT
+        assert f"pid {other.pid}" in err.value.message and socket.gethostname() in err.value.message
+        assert "take over" in err.value.hint
+    finally:
+        other.kill()
+        other.wait()
+    t2 = make_trainer(tmp_path / "c")
+    assert t2.manager.resume() is None  # the owner is gone: taken over
+    t2.manager.close()
+    [event] = [e for e in CheckpointStore(tmp_path / "c").events() if e.event == "owner"]
+    assert "gone" in event.data["reason"]
+
+
+def test_an_owner_on_another_host(tmp_path):
+    write_owner(tmp_path / "c", host="elsewhere", pid=4242, job_id="777")
+    with pytest.raises(CkptError, match="job 777 on elsewhere"):
+        make_trainer(tmp_path / "c").manager.resume()
+    t = make_trainer(tmp_path / "c", take_over=True)
+    assert t.manager.resume() is None
+    t.manager.close()
+    write_owner(tmp_path / "d", host="elsewhere", pid=4242, last_seen=time.time() - 3600)
+    t = make_trainer(tmp_path / "d")
+    assert t.manager.resume() is None  # not seen for an hour: stale
+    t.manager.close()
+
+
+def test_a_second_real_job_is_refused_while_the_first_runs(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    a = subprocess.Popen(torchrun_command(2, recipe_args(ckpt, tmp_path / "a.jsonl", 60, 5, *FAST_ARGS)), stdout=open(tmp_path / "a.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ckpt / "LATEST").exists():
+            assert a.poll() is None and time.monotonic() < deadline, (tmp_path / "a.log").read_text()[-2000:]
+            time.sleep(0.1)
+        code = run(torchrun_command(2, recipe_args(ckpt, tmp_path / "b.jsonl", 60, 5, *FAST_ARGS)), tmp_path / "b.log", timeout=120)
+        log = (tmp_path / "b.log").read_text()
+        assert code != 0 and "is being written by a job outside SLURM on" in log
+        assert a.wait(timeout=180) == 0  # the first job was not disturbed
+    finally:
+        kill_tree(a.pid)
+    assert not (tmp_path / "b.jsonl").exists() or not (tmp_path / "b.jsonl").read_text()
+    assert CheckpointStore(ckpt).read_latest() == 60
