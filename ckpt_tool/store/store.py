@@ -8,7 +8,10 @@ checkpoint reads LATEST (constant time); only clean-up and retention list the di
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import logging
 import os
 import shutil
 import time
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import psutil
-from filelock import FileLock, Timeout
+from filelock import BaseFileLock, FileLock, SoftFileLock, Timeout
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import IndexEvent, format_event, parse_index
@@ -30,6 +33,7 @@ from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import hash_files
 from ckpt_tool.store.durable import append_line, atomic_write, current_umask, fsync_dir
 
+log = logging.getLogger("ckpt_tool")
 MAX_MANIFEST_BYTES = 64 << 20
 LOCK_TIMEOUT_S = 120.0
 
@@ -43,6 +47,22 @@ class ValidationResult:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def flock_works(path: Path, mode: int) -> bool:
+    """Whether flock works on this filesystem (it fails with ENOLCK on NFS mounted with nolock)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+    except OSError:
+        return True  # cannot tell here; the lock itself will report the real error
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError as exc:
+        return exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+    finally:
+        os.close(fd)
 
 
 def commit_summary(manifest: Manifest) -> dict[str, object]:
@@ -61,6 +81,7 @@ def commit_summary(manifest: Manifest) -> dict[str, object]:
 class CheckpointStore:
     def __init__(self, root: Path | str, create: bool = False) -> None:
         self.root = Path(root)
+        self._flock_works: bool | None = None
         if create:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -88,11 +109,18 @@ class CheckpointStore:
     def quarantine_root(self) -> Path:
         return self.root / layout.QUARANTINE_NAME
 
-    def lock(self, timeout: float = LOCK_TIMEOUT_S) -> FileLock:
-        # filelock chmods the lock file to `mode`: filter it by the umask ourselves
-        return FileLock(self.root / layout.LOCK_NAME, timeout=timeout, mode=0o644 & ~current_umask())
+    def lock(self, timeout: float = LOCK_TIMEOUT_S) -> BaseFileLock:
+        """The directory's lock: an flock, or filelock's soft lock (exclusive creation of the lock
+        file) where the filesystem has no working flock (NFS mounted without locking)."""
+        path = self.root / layout.LOCK_NAME
+        mode = 0o644 & ~current_umask()  # filelock chmods the lock file to `mode`: apply the umask
+        if self._flock_works is None:
+            self._flock_works = flock_works(path, mode)
+            if not self._flock_works:
+                log.warning("ckpt: flock does not work on %s (NFS without locking?): using a soft lock file; a crashed holder leaves %s to remove by hand", self.root, path)
+        return FileLock(path, timeout=timeout, mode=mode) if self._flock_works else SoftFileLock(path.with_suffix(".soft"), timeout=timeout)
 
-    def _locked(self, timeout: float = LOCK_TIMEOUT_S) -> FileLock:
+    def _locked(self, timeout: float = LOCK_TIMEOUT_S) -> BaseFileLock:
         lock = self.lock(timeout)
         try:
             lock.acquire()

@@ -261,3 +261,30 @@ def test_recover_decides_resume_rollback_and_reshard(ckpt, capsys, tmp_path):
 def test_recover_on_a_fresh_directory_starts_fresh(tmp_path, capsys):
     code, out, _ = ckpt_cli(capsys, "recover", tmp_path / "new", "--world-size", "2")
     assert code == 0 and json.loads(out)["action"] == "fresh"
+
+
+def test_scrubbing_finds_bit_rot_in_an_old_checkpoint(ckpt, capsys):
+    flip_bit(shard(ckpt, 5, "__1_0.distcp"))  # silent corruption long after the save
+    code, results = ckpt_json(capsys, "validate", ckpt, "--all")
+    assert code == 1
+    assert [r["step"] for r in results if not r["ok"]] == [5]
+    code, rows = ckpt_json(capsys, "list", ckpt)
+    status = {r["step"]: (r["status"], r["last_validated"] is not None) for r in rows}
+    assert status == {5: ("invalid", True), 10: ("validated", True), 15: ("validated", True), 20: ("validated", True)}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("run", "--timeout", "step=abc", "--", "train.py"), "not PHASE=SECONDS"),
+        (("run", "--timeout", "nap=3", "--", "train.py"), "not PHASE=SECONDS"),
+        (("reshard", "{ckpt}", "--world-size", "0"), ""),
+        (("plan", "--ckpt-seconds", "abc", "--mtbf-hours", "3"), ""),
+        (("submit", "--ckpt-dir", "{ckpt}", "--time", "soon", "--dry-run", "--", "train.py"), "not a SLURM time"),
+        (("submit", "--ckpt-dir", "{ckpt}", "--job-name", "a;b", "--dry-run", "--", "train.py"), "characters SLURM would misread"),
+    ],
+)
+def test_bad_arguments_exit_2_without_traceback(ckpt, capsys, args, message):
+    code, out, err = ckpt_cli(capsys, *(a.format(ckpt=ckpt) for a in args))
+    assert code == 2, err
+    assert message in " ".join(err.split()) and "Traceback" not in err
