@@ -1,6 +1,7 @@
 """Power-cut crashes: SIGKILL of the whole job (torchrun and both ranks) at random instants.
 
-Each trial restarts the same job in the same directory (so it also exercises the clean-up of what
+Half the trials run under `ckpt run`, whose watchdog is killed too. Each trial restarts the same
+job in the same directory (so it also exercises the clean-up of what
 the previous crash left), waits until it is committing checkpoints (one every step, so most
 instants fall inside a save, commit, pointer move or retention delete), and kills the whole
 process group at a random moment. After every kill: LATEST names a complete, hash-valid
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import sys
 import time
 
 import pytest
@@ -55,10 +57,13 @@ def test_sigkill_of_the_whole_job_never_breaks_latest(tmp_path):
     for trial in range(TRIALS):
         mode = ("--async-save",) if trial % 2 else ()
         args = recipe_args(ckpt, tmp_path / "m.jsonl", 100_000, 1, *FAST_ARGS, "--keep-last", "2", *mode)
+        # every other pair of trials runs under `ckpt run`: the watchdog dies in the power cut too
+        supervised = trial % 4 >= 2
+        argv = [sys.executable, "-m", "ckpt_tool.cli.main", "run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), "--", *torchrun_command(2, args)[5:]] if supervised else torchrun_command(2, args)
         before = commits(CheckpointStore(ckpt)) if ckpt.exists() else 0
         events_before = len(CheckpointStore(ckpt).events()) if ckpt.exists() else 0
         left_by_last_crash = leftovers(CheckpointStore(ckpt)) if ckpt.exists() else set()
-        proc = subprocess.Popen(torchrun_command(2, args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 120
             while not (ckpt.exists() and commits(CheckpointStore(ckpt)) > before):
