@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-import psutil
+from ckpt_tool.supervise.processes import kill_tree as _kill_tree
 
 # A small, fast configuration of the recipe for tests and the demo (about 0.1 s a step on 2 CPU ranks).
 FAST_ARGS = ("--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")
@@ -32,22 +32,8 @@ def run(cmd: Sequence[str], log: Path | None = None, timeout: float = 600, env: 
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants, like a power cut.
-
-    torchrun starts each worker in a session of its own, so killing torchrun's process group
-    leaves the ranks running: collect the whole tree first, then kill every process in it.
-    """
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
+    """SIGKILL a process and all its descendants at once, like a power cut."""
+    _kill_tree([pid])
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.supervise import channel
 from ckpt_tool.supervise.events import note
+from ckpt_tool.supervise.processes import kill_tree
 
 DURATIONS_NAME = "timeouts.json"
 
@@ -72,29 +73,6 @@ def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:
     else:
         argv += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}", f"--rdzv-id={cfg.rdzv_id or 'ckpt'}"]
     return argv + list(cfg.command)
-
-
-def _kill_tree(pids: list[int], grace_s: float) -> None:
-    """SIGTERM every process (and its descendants), SIGKILL whatever is left after the grace."""
-    procs: list[psutil.Process] = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            procs += [p, *p.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
 
 
 def _ignore_usr1() -> None:
@@ -155,8 +133,8 @@ class Watchdog:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             if proc.poll() is None:
-                _kill_tree([proc.pid], self.cfg.grace_s)
-            _kill_tree([b.pid for b in self.beats.values()], 0.5)  # no orphans, whatever happened
+                kill_tree([proc.pid], self.cfg.grace_s)
+            kill_tree([b.pid for b in self.beats.values()], 0.5)  # no orphans, whatever happened
             sock.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
             self._save_durations()
@@ -176,11 +154,11 @@ class Watchdog:
             self._check_deaths()
             if self.breaker.stalled >= self.breaker.limit:
                 self.event("crash_loop", message=self.breaker.message())
-                _kill_tree([proc.pid], self.cfg.grace_s)
+                kill_tree([proc.pid], self.cfg.grace_s)
                 return ExitCode.CRASH_LOOP
             if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
                 self.event("stop_deadline", seconds=self.cfg.stop_deadline_s, note="no checkpoint committed in time; the previous one is intact")
-                _kill_tree([proc.pid], self.cfg.grace_s)
+                kill_tree([proc.pid], self.cfg.grace_s)
                 return ExitCode.REQUEUE
             hangs = find_hangs(self.beats.values(), self.timeouts(), now) if self.stop_at is None else []
             if hangs:
@@ -246,7 +224,7 @@ class Watchdog:
         pids = [b.pid for b in self.beats.values()]
         self.gone.update(pids)
         t0 = time.monotonic()
-        _kill_tree(pids, self.cfg.grace_s)
+        kill_tree(pids, self.cfg.grace_s)
         self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t0, 2))
         self._failure()
         self.beats = {}
