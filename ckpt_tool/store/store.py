@@ -91,12 +91,21 @@ class CheckpointStore:
                     "pass a --ckpt-dir on a writable filesystem",
                     ExitCode.USAGE,
                 ) from None
-        elif not self.root.is_dir():
-            raise CkptError(
-                f"checkpoint directory {self.root} does not exist",
-                "check the path; a training run creates it on its first save",
-                ExitCode.NOT_FOUND,
-            )
+        else:
+            try:
+                os.listdir(self.root)
+            except PermissionError:
+                raise CkptError(
+                    f"permission denied reading checkpoint directory {self.root}",
+                    "run as the user who owns it, or ask them to grant read access (the directory and its parents)",
+                    ExitCode.USAGE,
+                ) from None
+            except (FileNotFoundError, NotADirectoryError):
+                raise CkptError(
+                    f"checkpoint directory {self.root} does not exist",
+                    "check the path; a training run creates it on its first save",
+                    ExitCode.NOT_FOUND,
+                ) from None
 
     # ----------------------------------------------------------------- paths and lock
     def step_path(self, step: int) -> Path:
