@@ -61,7 +61,8 @@ def test_an_owner_on_another_host(tmp_path):
 
 def test_a_second_real_job_is_refused_while_the_first_runs(tmp_path):
     ckpt = tmp_path / "ckpt"
-    a = subprocess.Popen(torchrun_command(2, recipe_args(ckpt, tmp_path / "a.jsonl", 60, 5, *FAST_ARGS)), stdout=open(tmp_path / "a.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    # job A is slowed down (a 1 s commit per save) so it surely still runs when B starts
+    a = subprocess.Popen(torchrun_command(2, recipe_args(ckpt, tmp_path / "a.jsonl", 60, 5, *FAST_ARGS, "--save-delay", "1")), stdout=open(tmp_path / "a.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not (ckpt / "LATEST").exists():
@@ -69,6 +70,7 @@ def test_a_second_real_job_is_refused_while_the_first_runs(tmp_path):
             time.sleep(0.1)
         code = run(torchrun_command(2, recipe_args(ckpt, tmp_path / "b.jsonl", 60, 5, *FAST_ARGS)), tmp_path / "b.log", timeout=120)
         log = (tmp_path / "b.log").read_text()
+        assert a.poll() is None, "job A ended before B was tried: the test proves nothing"
         assert code != 0 and "is being written by a job outside SLURM on" in log
         assert a.wait(timeout=180) == 0  # the first job was not disturbed
     finally:
