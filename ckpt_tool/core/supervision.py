@@ -1,7 +1,7 @@
 """What the watchdog decides from heartbeats. Pure: times and beats in, decisions out.
 
 - ``Beat`` is the last beat of a rank; ``find_hangs`` says when the job is hung: no beat from
-  any rank for longer than the phase timeout of the rank the others wait for.
+  any rank for longer than the phase timeout of the rank the others wait for (the one behind).
 - ``CrashLoopBreaker`` stops restarting when ``limit`` restarts in a row made no progress past
   the same checkpoint.
 """
@@ -41,17 +41,22 @@ def find_hangs(last_beats: Iterable[Beat], timeouts: Mapping[str, float], now: f
     others wait for.
 
     Ranks of one job wait for each other in collectives, so one stuck rank soon silences all.
-    The rank with the oldest beat is the one the others wait for (the culprit); the job is hung
-    when no rank at all has beaten for longer than the culprit's phase timeout. So a rank in a
-    20 s data stall (phase ``data``) is not a hang though its peers wait silently in ``step``,
-    nor are those peers once it is back; a rank frozen in ``step`` is caught in seconds even when
-    its peers went on into ``checkpoint`` and wait there. Returns every rank, culprit first.
+    The rank the others wait for (the culprit) is the one behind: the lowest step; among ranks
+    at the same step, the one in the phase with the longest timeout (the others finished that
+    phase and wait for it), then the oldest beat. The job is hung when no rank at all has beaten
+    for longer than the culprit's phase timeout. So a rank in a 20 s data stall is not a hang
+    though its peers wait silently in ``step``, whichever beat came first; a rank frozen in
+    ``step`` is caught in seconds even when its peers went on into the next ``checkpoint`` and
+    wait there. Returns every rank, culprit first, or an empty list.
     """
-    beats = sorted(last_beats, key=lambda b: (b.time, b.rank))
+    def allowance(b: Beat) -> float:
+        return timeouts.get(b.phase, timeouts.get("step", 60.0))
+
+    beats = sorted(last_beats, key=lambda b: (b.step, -allowance(b), b.time, b.rank))
     if not beats:
         return []
-    culprit, last_progress = beats[0], beats[-1].time
-    timeout = timeouts.get(culprit.phase, timeouts.get("step", 60.0))
+    culprit, last_progress = beats[0], max(b.time for b in beats)
+    timeout = allowance(culprit)
     if now - last_progress <= timeout:
         return []
     return [Hang(b.rank, b.pid, b.phase, b.step, now - b.time, timeout) for b in beats]

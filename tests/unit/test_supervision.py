@@ -19,10 +19,12 @@ def test_ranks_silent_in_step_are_a_hang_culprit_first():
 
 
 def test_a_data_stall_excuses_the_peers_waiting_for_it():
-    # rank 0 stalls in its data loader; rank 1 finished its data, entered step, waits for rank 0
-    beats = [beat(0, "data", 100.0), beat(1, "step", 100.2)]
-    assert find_hangs(beats, TIMEOUTS, now=130.0) == []  # a 30 s data stall is not a hang
-    assert [h.rank for h in find_hangs(beats, TIMEOUTS, now=161.0)] == [0, 1]
+    # rank 0 stalls in its data loader; rank 1 finished its data, entered step, waits for rank 0,
+    # whether its beat came after rank 0's or (a faster rank) before it
+    for rank1_beat in (100.2, 99.9):
+        beats = [beat(0, "data", 100.0), beat(1, "step", rank1_beat)]
+        assert find_hangs(beats, TIMEOUTS, now=130.0) == []  # a 30 s data stall is not a hang
+        assert [h.rank for h in find_hangs(beats, TIMEOUTS, now=161.0)] == [0, 1]
     # the stall ends: rank 0 beats; rank 1, silent since 100.2, is about to go on
     back = [beat(0, "step", 120.0), beat(1, "step", 100.2)]
     assert find_hangs(back, TIMEOUTS, now=121.0) == []
@@ -30,8 +32,8 @@ def test_a_data_stall_excuses_the_peers_waiting_for_it():
 
 
 def test_a_frozen_rank_is_caught_although_its_peer_waits_inside_a_checkpoint():
-    # rank 0 frozen (SIGSTOP) in step; rank 1 went on to the save and waits there for rank 0
-    beats = [beat(0, "step", 100.0), beat(1, "checkpoint", 100.3, step=15)]
+    # rank 0 frozen (SIGSTOP) in step 14; rank 1 went on to the save of step 15 and waits there
+    beats = [beat(0, "step", 100.0, step=14), beat(1, "checkpoint", 100.3, step=15)]
     hangs = find_hangs(beats, TIMEOUTS, now=105.5)
     assert [h.rank for h in hangs] == [0, 1] and hangs[0].phase == "step"
 
