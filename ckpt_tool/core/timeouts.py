@@ -3,9 +3,10 @@
 A rank reports the phase it is in (``init``, ``step``, ``data``, ``checkpoint``, ``eval``) with each
 heartbeat. A hang is no heartbeat for longer than the current phase's timeout. Each phase's
 timeout is ``max(floor, factor x the longest duration observed after warm-up)``, unless the
-user overrides it. The floors are what a phase may take before any observation: they are why a
-checkpoint write or a data stall is not a hang, while a frozen training step is caught in
-seconds. Calibrated values are persisted in the run directory so a restart starts calibrated.
+user overrides it. Before a phase is observed its floor is generous (a checkpoint may take
+10 minutes); once observed, the floor drops (a checkpoint: 60 s) and the observations rule. The
+data floor stays at 60 s: a data stall is not a hang however fast batches usually come, while
+a frozen training step is caught in seconds. Calibrated values are persisted in the run directory so a restart starts calibrated.
 """
 
 from __future__ import annotations
@@ -15,12 +16,19 @@ from typing import Iterable, Mapping
 
 PHASES = ("init", "step", "data", "checkpoint", "eval")
 
-DEFAULT_FLOORS: Mapping[str, float] = {
+DEFAULT_FLOORS: Mapping[str, float] = {  # before a phase has been observed
     "init": 600.0,  # process start, rendezvous, model build, resume + load
     "step": 5.0,  # forward/backward/optimizer between two beats
     "data": 60.0,  # a dataloader may stall on a shared filesystem
     "checkpoint": 600.0,  # a sync save of a large state
     "eval": 600.0,
+}
+CALIBRATED_FLOORS: Mapping[str, float] = {  # once observed: never below these
+    "init": 600.0,  # not calibrated: it happens once per start
+    "step": 5.0,
+    "data": 60.0,  # a stall is not a hang: the allowance does not shrink with fast batches
+    "checkpoint": 60.0,
+    "eval": 60.0,
 }
 
 
@@ -49,8 +57,10 @@ def calibrate(observed: Mapping[str, Iterable[float]], policy: TimeoutPolicy) ->
             out[phase] = float(policy.overrides[phase])
             continue
         samples = list(observed.get(phase, ()))[policy.warmup :]
-        floor = float(policy.floors.get(phase, DEFAULT_FLOORS[phase]))
-        out[phase] = max(floor, policy.factor * max(samples)) if samples else floor
+        if samples and phase != "init":
+            out[phase] = max(float(CALIBRATED_FLOORS[phase]), policy.factor * max(samples))
+        else:
+            out[phase] = float(policy.floors.get(phase, DEFAULT_FLOORS[phase]))
     return out
 
 

@@ -99,6 +99,7 @@ class Watchdog:
         self.exited_cleanly: set[int] = set()  # ranks that said goodbye (normal exit)
         self.failures_counted: set[int] = set()  # attempts whose failure the breaker has seen
         self.resumed_logged: set[int] = set()  # attempts whose first training step was logged
+        self.closed_attempts: set[int] = set()  # attempts that lost a rank: no hang judging
         self.breaker = CrashLoopBreaker(cfg.crash_loop)
         self.stop_at: float | None = None
         self.stop_sent = False
@@ -190,12 +191,12 @@ class Watchdog:
             beat = Beat(m["rank"], m["pid"], int(m["step"]), str(m["phase"]), now, int(m.get("attempt", 0)), m.get("ckpt"))
         except (KeyError, TypeError, ValueError):
             return
-        if beat.attempt < self.attempt:
+        if beat.attempt < self.attempt or beat.attempt in self.closed_attempts:
             return  # a straggler of an attempt already torn down
         if beat.attempt > self.attempt:
             if self.attempt not in self.failures_counted:
                 self._failure()  # torchrun restarted the group after a crash it saw
-            self.event("restarted", new_attempt=beat.attempt, resumes_from=beat.ckpt)
+            self.event("restarted", new_attempt=beat.attempt)
             self.attempt, self.beats = beat.attempt, {}
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
@@ -217,6 +218,11 @@ class Watchdog:
             self.gone.add(beat.pid)
             if beat.pid not in self.exited_cleanly:
                 self.event("rank_exited", rank=rank, pid=beat.pid, step=beat.step, phase=beat.phase, note="torchrun restarts the group")
+                # The attempt is over: its survivors are being torn down by torchrun; judging their
+                # silence would report hangs that are not. Watch again from the next attempt's beats.
+                self.closed_attempts.add(self.attempt)
+                self.beats = {}
+                return
 
     def _kill_hung(self, hangs: list) -> None:
         for h in hangs:
@@ -227,6 +233,7 @@ class Watchdog:
         kill_tree(pids, self.cfg.grace_s)
         self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t0, 2))
         self._failure()
+        self.closed_attempts.add(self.attempt)
         self.beats = {}
 
     def _failure(self) -> None:

@@ -47,7 +47,9 @@ def test_calibration_uses_max_after_warmup_times_factor_with_floor_and_override(
     observed = {"step": [9.0, 8.0, 7.0, 2.0, 3.0], "checkpoint": [100.0] * 5, "data": [0.01] * 10}
     t = calibrate(observed, TimeoutPolicy(factor=4.0, warmup=3, overrides={"eval": 42.0}))
     assert t["step"] == 12.0  # 4 x 3.0: the slow first steps are ignored
-    assert t["checkpoint"] == 600.0  # floor: 4 x 100 = 400 < 600
+    assert t["checkpoint"] == 400.0  # observed: 4 x 100 (the 600 s floor applies only before any observation)
+    assert calibrate({"checkpoint": [0.1] * 5}, TimeoutPolicy())["checkpoint"] == 60.0  # calibrated floor
+    assert calibrate({}, TimeoutPolicy())["checkpoint"] == 600.0
     assert t["data"] == 60.0  # floor: fast data never makes a stall an alarm
     assert t["eval"] == 42.0 and t["init"] == 600.0
 
