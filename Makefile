@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench slurm-up slurm-down clean
+.PHONY: demo test test-fast bench bench-long slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ test-fast: $(STAMP)
 ## make bench: measure the figures in BENCHMARKS.md (several minutes).
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+## make bench-long: the 200-trial power-cut campaign and the goodput simulation (about 45 min).
+bench-long: $(STAMP)
+	$(PY) bench/crash_campaign.py --trials 200
+	$(PY) bench/goodput_sim.py
 
 slurm-up:
 	bash .ci/slurm-up

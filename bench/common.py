@@ -116,6 +116,35 @@ def manager(directory: Path, model: Any, optimizer: Any, **config: Any) -> Any:
     return CheckpointManager(CheckpointConfig(directory, **config), model=model, optimizer=optimizer)
 
 
+def save_checkpoint(directory: Path, state_bytes: float, step: int = 1, seed: int = 1, **config: Any) -> tuple[Any, Path]:
+    """One sync ``save(step)`` of a ``build_model(state_bytes)`` model through a manager on
+    ``directory``; returns the model (the saved state) and the committed step directory."""
+    model = build_model(state_bytes, seed=seed)
+    mgr = manager(directory, model, make_optimizer(model), **config)
+    mgr.save(step)
+    mgr.close()
+    return model, mgr.store.step_path(step)
+
+
+# ----------------------------------------------------------------------------- commands
+def ckpt_command(*args: str) -> list[str]:
+    """The ``ckpt`` console script installed next to this interpreter (``.venv/bin/ckpt``), as a
+    user runs it; ``python -m ckpt_tool.cli.main`` when there is none."""
+    script = Path(sys.executable).parent / "ckpt"
+    return [str(script), *args] if script.is_file() else [sys.executable, "-m", "ckpt_tool.cli.main", *args]
+
+
+def time_command(cmd: Sequence[str], timeout_s: float = 600, cwd: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """Wall seconds of a command run to completion (interpreter start included), output captured;
+    raises RuntimeError when it exits non-zero."""
+    start = time.perf_counter()
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, cwd=cwd)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}: {proc.stderr[-1500:]}")
+    return seconds, proc
+
+
 # ----------------------------------------------------------------------------- raw I/O references
 def raw_write(path: Path, buffers: Sequence[memoryview]) -> int:
     """Write ``buffers`` sequentially into a new file with ``os.write``, then ``os.fsync``."""
@@ -145,15 +174,25 @@ def raw_read(paths: Iterable[Path], chunk: int = READ_CHUNK) -> int:
     return total
 
 
+def raw_read_parallel(paths: Sequence[Path], threads: int, chunk: int = READ_CHUNK) -> int:
+    """``raw_read`` of each file in a pool of ``threads`` threads (one file per task), as
+    ckpt_tool's hashing reads; returns the bytes read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
+        return sum(pool.map(lambda p: raw_read([p], chunk), paths))
+
+
 def files_under(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
-def evict(paths: Iterable[Path]) -> str:
+def evict(paths: Iterable[Path], drop_all: bool = True) -> str:
     """Drop ``paths`` from the page cache; returns the method that worked.
 
-    Each file is fsynced and ``POSIX_FADV_DONTNEED``-ed; then, as root, ``drop_caches=3``
-    (also drops dentries and inodes, as after a reboot or on another node).
+    Each file is fsynced and ``POSIX_FADV_DONTNEED``-ed; then, as root and unless ``drop_all``
+    is False, ``drop_caches=3`` (also drops dentries and inodes, as after a reboot or on another
+    node; and every other file, e.g. the Python and torch libraries a new process loads).
     """
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
@@ -163,12 +202,20 @@ def evict(paths: Iterable[Path]) -> str:
         finally:
             os.close(fd)
     os.sync()
+    if not drop_all:
+        return "fadvise(DONTNEED)"
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
         return "drop_caches=3 + fadvise(DONTNEED)"
     except OSError:
         return "fadvise(DONTNEED)"
+
+
+def evict_checked(paths: Sequence[Path], drop_all: bool = True) -> tuple[str, int | None]:
+    """``evict(paths, drop_all)``, then the bytes of ``paths`` still in the page cache (None: unknown)."""
+    method = evict(paths, drop_all)
+    return method, resident_bytes(paths)
 
 
 def resident_bytes(paths: Iterable[Path]) -> int | None:

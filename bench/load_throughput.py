@@ -38,14 +38,6 @@ TARGET = 0.75
 VARIANTS = ("raw_cold", "resume_cold", "raw_warm", "resume_warm", "resume_cold_no_validate", "resume_cold_grads")
 
 
-def write_checkpoint(directory: Path, state_bytes: float) -> tuple[Any, Path]:
-    model = common.build_model(state_bytes, seed=1)
-    mgr = common.manager(directory, model, common.make_optimizer(model))
-    mgr.save(1)
-    mgr.close()
-    return model, mgr.store.step_path(1)
-
-
 class Loader:
     """Runs one timed variant; keeps the target model and the eviction bookkeeping."""
 
@@ -113,7 +105,7 @@ def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str
     from ckpt_tool.store.store import CheckpointStore
 
     directory = work / "ckpt"
-    reference, step_dir = write_checkpoint(directory, state_bytes)
+    reference, step_dir = common.save_checkpoint(directory, state_bytes)
     loader = Loader(directory, step_dir, reference, state_bytes)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     phases: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}

@@ -4,7 +4,7 @@ Each script prints its result as JSON on the last line of stdout (see common.Res
 collects them, describes the machine and renders one table per figure. A script that fails is
 reported as failed in the file (and makes the exit status 1); a missed target is reported, not
 an error. Default: full sizes, writes BENCHMARKS.md at the repository root. ``--quick``: small
-sizes (a smoke test, ~1 minute), prints the markdown instead unless ``--output`` is given.
+sizes (a smoke test, ~4 minutes), prints the markdown instead unless ``--output`` is given.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import common
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-SCRIPTS = ("save_throughput", "async_blocked", "load_throughput", "lookup", "memory")
+SCRIPTS = ("save_throughput", "async_blocked", "load_throughput", "lookup", "memory", "validate_throughput", "list_speed", "watchdog")
 SCRIPT_TIMEOUT_S = 480
+TIMEOUTS_S = {"watchdog": 900}  # several torchrun launches, failures and recoveries (~6 min)
 
 
 # ----------------------------------------------------------------------------- machine
@@ -78,6 +79,21 @@ def code_under_test() -> str:
     return f"{REPO}, commit {commit}" + (" with uncommitted changes in ckpt_tool/" if dirty else "")
 
 
+def code_fingerprint() -> str:
+    """A short hash of every file under this checkout's ckpt_tool/ (other people edit and commit
+    while the benchmarks run: a change between two scripts is reported with the figures)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((REPO / "ckpt_tool").rglob("*.py")):
+        h.update(str(path.relative_to(REPO)).encode() + b"\0")
+        try:
+            h.update(path.read_bytes())
+        except OSError:
+            pass
+    return h.hexdigest()[:12]
+
+
 def machine(work_dir: Path) -> list[tuple[str, str]]:
     torch_version = _command(sys.executable, "-c", "import torch; print(torch.__version__)")
     return [
@@ -89,7 +105,7 @@ def machine(work_dir: Path) -> list[tuple[str, str]]:
         ("kernel", platform.release()),
         ("transparent hugepages", _read("/sys/kernel/mm/transparent_hugepage/enabled")),
         ("python / torch", f"{platform.python_version()} / {torch_version}"),
-        ("ckpt_tool under test", code_under_test()),
+        ("ckpt_tool under test", f"{code_under_test()} (content hash {code_fingerprint()})"),
     ]
 
 
@@ -97,13 +113,17 @@ def machine(work_dir: Path) -> list[tuple[str, str]]:
 def run_script(name: str, work_dir: Path, quick: bool) -> dict[str, Any]:
     cmd = [sys.executable, str(BENCH_DIR / f"{name}.py"), "--work-dir", str(work_dir)] + (["--quick"] if quick else [])
     common.log(f"=== {name}")
+    load_before = os.getloadavg()[0]
+    code_before = code_fingerprint()
     start = time.perf_counter()
     try:
-        result = common.run_json(cmd, SCRIPT_TIMEOUT_S)
+        result = common.run_json(cmd, TIMEOUTS_S.get(name, SCRIPT_TIMEOUT_S))
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
         result = {"figure": "?", "title": name, "error": str(exc)}
     result["script"] = name
     result["seconds"] = round(time.perf_counter() - start, 1)
+    result["load"] = (round(load_before, 2), round(os.getloadavg()[0], 2))
+    result["code"] = (code_before, code_fingerprint(), _command("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"))
     common.log(f"=== {name}: {result['seconds']} s")
     return result
 
@@ -119,7 +139,14 @@ def _ratio(ratio: float | None) -> str:
 
 def figure_section(result: dict[str, Any]) -> list[str]:
     head = f"## {result['figure']}. {result['title']}"
-    lines = [head, "", f"`bench/{result['script']}.py`, {result['seconds']} s."]
+    load = result.get("load")
+    load_text = f" Load average (1 min) before / after: {load[0]:g} / {load[1]:g} ({os.cpu_count()} CPUs; other jobs share this machine)." if load else ""
+    lines = [head, "", f"`bench/{result['script']}.py`, {result['seconds']} s.{load_text}"]
+    code = result.get("code")
+    if code and code[0] == code[1] and result.get("run_code") not in (None, code[0]):
+        lines[-1] += f" ckpt_tool/ changed before this script (content hash {code[0]}, HEAD {code[2]}; see the Machine table for the run's start)."
+    if code and code[0] != code[1]:
+        lines[-1] += f" **ckpt_tool/ changed while this script ran** (content hash {code[0]} -> {code[1]}, HEAD {code[2]} at its end): some of its runs measured the newer code."
     if "error" in result:
         return lines + ["", f"**FAILED**: {result['error']}", ""]
     lines += [
@@ -159,8 +186,9 @@ def render(results: list[dict[str, Any]], machine_rows: list[tuple[str, str]], q
         "Speed targets are ratios to a reference measured in the same run on the same machine: absolute",
         "figures drift between runs on this shared VM (raw write + fsync of 1 GB varied 0.4-2.3 GB/s within",
         "minutes while these were written). Values are medians over repetitions, with min-max and n.",
-        "GB = 1e9 bytes. The state is a model of 16 fp32 `nn.Linear` layers with SGD without momentum (no",
-        "optimizer state), in one process without torch.distributed.",
+        "GB = 1e9 bytes. Figures 1-7: the state is a model of 16 fp32 `nn.Linear` layers with SGD without",
+        "momentum (no optimizer state), in one process without torch.distributed. Figure 8 runs the reference",
+        "recipe (`ckpt_tool.recipes.tiny_gpt`, 2 CPU ranks, FSDP2) under `ckpt run` and torchrun.",
         "",
         "## Machine",
         "",
@@ -182,11 +210,14 @@ def main() -> None:
     output = args.output or (None if args.quick else REPO / "BENCHMARKS.md")
     args.work_dir.mkdir(parents=True, exist_ok=True)
     machine_rows = machine(args.work_dir)
+    run_code = code_fingerprint()
     start = time.perf_counter()
     try:
         results = [run_script(name, args.work_dir, args.quick) for name in args.only]
     finally:
         shutil.rmtree(args.work_dir, ignore_errors=True)
+    for result in results:
+        result["run_code"] = run_code
     markdown = render(results, machine_rows, args.quick, time.perf_counter() - start)
     if output is None:
         print(markdown)
