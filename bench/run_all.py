@@ -23,9 +23,9 @@ import common
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-SCRIPTS = ("save_throughput", "async_blocked", "load_throughput", "lookup", "memory", "validate_throughput", "list_speed", "watchdog")
+SCRIPTS = ("save_throughput", "async_blocked", "load_throughput", "lookup", "memory", "validate_throughput", "list_speed", "watchdog", "requeue_chain", "reshard_speed")
 SCRIPT_TIMEOUT_S = 480
-TIMEOUTS_S = {"watchdog": 900}  # several torchrun launches, failures and recoveries (~6 min)
+TIMEOUTS_S = {"watchdog": 900, "requeue_chain": 900, "reshard_speed": 900}  # several torchrun launches, failures and recoveries (~6 min)
 
 
 # ----------------------------------------------------------------------------- machine

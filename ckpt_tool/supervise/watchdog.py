@@ -200,7 +200,8 @@ class Watchdog:
             self.attempt, self.beats = beat.attempt, {}
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
-        if beat.attempt > 0 and beat.phase == "step" and beat.attempt not in self.resumed_logged:
+        resumed = beat.attempt > 0 or beat.ckpt is not None  # a restart, or a (re)start from a checkpoint
+        if resumed and beat.phase == "step" and beat.attempt not in self.resumed_logged:
             self.resumed_logged.add(beat.attempt)
             self.event("resumed", rank=beat.rank, step=beat.step, checkpoint=beat.ckpt)
         previous = self.beats.get(beat.rank)

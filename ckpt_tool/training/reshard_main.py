@@ -85,8 +85,8 @@ def main(argv: list[str]) -> int:
         lineage = (*manifest.lineage, {"event": "resharded_from", "time": time.time(), "source": str(src.absolute()), "step": step, "world_size": manifest.world_size})
 
         def make_manifest(files: tuple[FileEntry, ...]) -> Manifest:
-            env = {**manifest.env, "world_size": world}
-            return replace(manifest, files=files, world_size=world, batch=report.plan.new, parallelism={"dp_shard": world}, env=env, lineage=lineage, created_at=time.time())
+            # env keeps what produced the state (the original world size): a resume compares against it
+            return replace(manifest, files=files, world_size=world, batch=report.plan.new, parallelism={"dp_shard": world}, lineage=lineage, created_at=time.time())
 
         commit_staged(out, comm, step, manifest.run_id, writer.fs, state_codec.dumps(rank_state), make_manifest)
         code = 0

@@ -126,6 +126,7 @@ def test_offline_reshard_out_is_bit_identical_and_resumable(four_rank_checkpoint
     assert store.read_latest() == STEPS and store.validate(STEPS).ok
     m = store.read_manifest(STEPS)
     assert m.world_size == 3 and m.batch.global_batch == 12 and m.lineage[-1]["event"] == "resharded_from"
+    assert m.env["world_size"] == 4  # what produced the state: a resume compares against it
     assert {f.rank for f in m.files} == {0, 1, 2}  # laid out for 3 ranks: each reads its own files
     src, dst = full_state(four_rank_checkpoint / "step_00000020"), full_state(out / "step_00000020")
     for part in ("model", "optim"):
