@@ -417,3 +417,82 @@ def run_json(cmd: Sequence[str], timeout_s: float) -> dict[str, Any]:
 def log(message: str) -> None:
     """Progress goes to stderr: stdout's last line is reserved for the JSON result."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class MetricsTail:
+    """Stamps each new line of the metrics file (wall clock) from a background thread."""
+
+    def __init__(self, path: Path, interval_s: float = 0.005, probe: Callable[[], dict[str, float]] | None = None) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self.probe = probe
+        self.lines: list[tuple[int, float]] = []  # (step, time.time() when seen)
+        self.cpu: list[dict[str, float]] = []  # probe() when each line was seen
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-tail", daemon=True)
+
+    def start(self) -> MetricsTail:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        offset, partial = 0, b""
+        while not self._stop.is_set():
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                data = b""
+            now = time.time()
+            if data:
+                offset += len(data)
+                *complete, partial = (partial + data).split(b"\n")
+                steps = []
+                for line in complete:
+                    try:
+                        steps.append(int(json.loads(line)["step"]))
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a line torn by a SIGKILL of rank 0
+                if steps:
+                    cpu = self.probe() if self.probe is not None else {}
+                    with self._cond:
+                        self.lines += [(s, now) for s in steps]
+                        self.cpu += [cpu] * len(steps)
+                        self._cond.notify_all()
+            self._stop.wait(self.interval_s)
+
+    def count(self) -> int:
+        with self._cond:
+            return len(self.lines)
+
+    def wait_line(self, after: int, pred: Callable[[int], bool], timeout: float) -> tuple[int, float] | None:
+        """The first line at index >= ``after`` whose step satisfies ``pred``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            i = after
+            while True:
+                while i < len(self.lines):
+                    if pred(self.lines[i][0]):
+                        return self.lines[i]
+                    i += 1
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def snapshot(self) -> list[tuple[int, float]]:
+        with self._cond:
+            return list(self.lines)
+
+    def first(self, step: int) -> float | None:
+        """When the line of ``step`` was first seen, or None."""
+        with self._cond:
+            return next((t for s, t in self.lines if s == step), None)
+
+

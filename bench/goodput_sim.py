@@ -42,7 +42,6 @@ import random
 import signal
 import statistics
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,57 +56,6 @@ CLEAN_SAVE_EVERY = 5
 RATIO_LOW, RATIO_HIGH = 0.8, 1.25
 
 
-class MetricsTail:
-    """Stamps each new line of the metrics file (wall clock) from a background thread."""
-
-    def __init__(self, path: Path, interval_s: float = 0.005) -> None:
-        self.path = path
-        self.interval_s = interval_s
-        self.lines: list[tuple[int, float]] = []  # (step, time.time() when seen)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics-tail", daemon=True)
-
-    def start(self) -> MetricsTail:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        offset, partial = 0, b""
-        while not self._stop.is_set():
-            try:
-                with open(self.path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            now = time.time()
-            if data:
-                offset += len(data)
-                *complete, partial = (partial + data).split(b"\n")
-                steps = []
-                for line in complete:
-                    try:
-                        steps.append(int(json.loads(line)["step"]))
-                    except (ValueError, KeyError, TypeError):
-                        continue  # a line torn by a SIGKILL of rank 0
-                with self._lock:
-                    self.lines += [(s, now) for s in steps]
-            self._stop.wait(self.interval_s)
-
-    def snapshot(self) -> list[tuple[int, float]]:
-        with self._lock:
-            return list(self.lines)
-
-    def first(self, step: int) -> float | None:
-        with self._lock:
-            return next((t for s, t in self.lines if s == step), None)
-
-
 class Job:
     """``ckpt run --nproc-per-node 2 ... -- -m tiny_gpt ...`` in ``root``."""
 
@@ -117,7 +65,7 @@ class Job:
         self.ckpt, self.metrics, self.run_dir, self.log = root / "ckpt", root / "metrics.jsonl", root / "run", root / "log.txt"
         recipe = ["--ckpt-dir", str(self.ckpt), "--metrics", str(self.metrics), "--steps", str(steps), "--save-every", str(save_every), *FAST_ARGS]
         self.argv = common.ckpt_command("run", "--nproc-per-node", "2", "--run-dir", str(self.run_dir), *run_opts, "--", "-m", RECIPE, *recipe)
-        self.tail = MetricsTail(self.metrics)
+        self.tail = common.MetricsTail(self.metrics)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Job:

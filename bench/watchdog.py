@@ -68,7 +68,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -86,74 +85,6 @@ RECIPE = "ckpt_tool.recipes.tiny_gpt"
 
 
 # ----------------------------------------------------------------------------- launching the recipe
-class MetricsTail:
-    """Stamps each new line of the metrics file (wall clock) from a background thread."""
-
-    def __init__(self, path: Path, interval_s: float = 0.005, probe: Callable[[], dict[str, float]] | None = None) -> None:
-        self.path = path
-        self.interval_s = interval_s
-        self.probe = probe
-        self.lines: list[tuple[int, float]] = []  # (step, time.time() when seen)
-        self.cpu: list[dict[str, float]] = []  # probe() when each line was seen
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics-tail", daemon=True)
-
-    def start(self) -> MetricsTail:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        offset, partial = 0, b""
-        while not self._stop.is_set():
-            try:
-                with open(self.path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            now = time.time()
-            if data:
-                offset += len(data)
-                *complete, partial = (partial + data).split(b"\n")
-                steps = []
-                for line in complete:
-                    try:
-                        steps.append(int(json.loads(line)["step"]))
-                    except (ValueError, KeyError, TypeError):
-                        continue  # a line torn by a SIGKILL of rank 0
-                if steps:
-                    cpu = self.probe() if self.probe is not None else {}
-                    with self._cond:
-                        self.lines += [(s, now) for s in steps]
-                        self.cpu += [cpu] * len(steps)
-                        self._cond.notify_all()
-            self._stop.wait(self.interval_s)
-
-    def count(self) -> int:
-        with self._cond:
-            return len(self.lines)
-
-    def wait_line(self, after: int, pred: Callable[[int], bool], timeout: float) -> tuple[int, float] | None:
-        """The first line at index >= ``after`` whose step satisfies ``pred``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            i = after
-            while True:
-                while i < len(self.lines):
-                    if pred(self.lines[i][0]):
-                        return self.lines[i]
-                    i += 1
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
-
-
 class Job:
     """One launch of the recipe, under ``ckpt run`` (supervised) or plain torchrun, in ``root``."""
 
@@ -170,7 +101,7 @@ class Job:
             self.argv = torchrun_command(2, args)
         self.supervised = supervised
         self.proc: subprocess.Popen | None = None
-        self.tail = MetricsTail(self.metrics, probe=self.cpu_seconds)
+        self.tail = common.MetricsTail(self.metrics, probe=self.cpu_seconds)
         self.started_at = 0.0
         self._watched: dict[str, Any] = {}
 
