@@ -496,3 +496,20 @@ class MetricsTail:
             return next((t for s, t in self.lines if s == step), None)
 
 
+def recipe_ranks(root_pid: int) -> dict[int, Any]:
+    """The live rank processes of the reference recipe below ``root_pid``, by RANK."""
+    import psutil
+
+    out: dict[int, Any] = {}
+    try:
+        children = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return out
+    for p in children:
+        try:
+            cmd = " ".join(p.cmdline())
+            if "ckpt_tool.recipes.tiny_gpt" in cmd and "torch.distributed.run" not in cmd and p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                out[int(p.environ()["RANK"])] = p
+        except (psutil.Error, KeyError, ValueError):
+            continue
+    return out

@@ -36,7 +36,6 @@ Total time is capped by --budget (default 720 s): K values that would not fit ar
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+from ckpt_tool.supervise.events import read_events
 from common import Result, Row
 
 RECIPE = "ckpt_tool.recipes.tiny_gpt"
@@ -75,32 +75,10 @@ class Job:
         return self
 
     def ranks(self) -> dict[int, Any]:
-        import psutil
-
-        out = {}
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return out
-        for p in children:
-            try:
-                cmd = " ".join(p.cmdline())
-                if RECIPE in cmd and "torch.distributed.run" not in cmd and p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                    out[int(p.environ()["RANK"])] = p
-            except (psutil.Error, KeyError, ValueError):
-                continue
-        return out
+        return common.recipe_ranks(self.proc.pid)
 
     def events(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "events.jsonl"
-        out = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return read_events(self.run_dir)
 
     def finish(self, timeout: float) -> int | None:
         from ckpt_tool.recipes.launch import kill_tree

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import common
+from ckpt_tool.supervise.events import read_events
 from common import Result, Row, Stats
 
 BEATS_PER_STEP = 3
@@ -136,30 +137,10 @@ class Job:
             self.tail.stop()
 
     def ranks(self) -> dict[int, Any]:
-        """rank -> psutil.Process of the live rank processes."""
-        import psutil
-
-        out = {}
-        for p in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                cmd = " ".join(p.cmdline())
-                if RECIPE in cmd and "torch.distributed.run" not in cmd and p.status() != psutil.STATUS_ZOMBIE:
-                    out[int(p.environ()["RANK"])] = p
-            except (psutil.Error, KeyError, ValueError):
-                continue
-        return out
+        return common.recipe_ranks(self.proc.pid)
 
     def events(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "events.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+        return read_events(self.run_dir)
 
     def wait_event(self, pred: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
