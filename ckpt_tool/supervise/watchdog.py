@@ -182,7 +182,8 @@ class Watchdog:
         if not isinstance(m.get("rank"), int) or not isinstance(m.get("pid"), int):
             return
         if m.get("event") == "stopped":
-            self.stopped_step = m.get("step")
+            if self.stop_at is not None:  # only a stop we asked for (not a rank's reaction to a teardown TERM)
+                self.stopped_step = m.get("step")
             return
         if m.get("event") == "exiting":
             self.exited_cleanly.add(m["pid"])
