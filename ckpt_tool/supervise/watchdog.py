@@ -232,7 +232,10 @@ class Watchdog:
         pids = [b.pid for b in self.beats.values()]
         self.gone.update(pids)
         t0 = time.monotonic()
-        kill_tree(pids, self.cfg.grace_s)
+        # The culprit (first) cannot act on SIGTERM: it is stuck. SIGKILL it at once; its peers,
+        # blocked in a collective with it, then fail fast and can end within the grace.
+        kill_tree([hangs[0].pid], 0.0)
+        kill_tree([pid for pid in pids if pid != hangs[0].pid], self.cfg.grace_s)
         self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t0, 2))
         self._failure()
         self.closed_attempts.add(self.attempt)

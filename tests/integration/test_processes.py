@@ -1,0 +1,62 @@
+"""Tearing process trees down (ckpt_tool.supervise.processes), with real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from ckpt_tool.supervise.processes import kill_tree
+
+# A parent that ignores SIGTERM and has a child that ignores it too (a stuck rank and its worker).
+STUBBORN = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+    "print('ready', flush=True); time.sleep(600)\n"
+)
+POLITE = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"
+
+
+def start(code: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+# kill_tree reaps its children itself (psutil), so exit codes are not visible here: the tests
+# check what is left and how long it took.
+def tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    root = psutil.Process(proc.pid)
+    return [root, *root.children(recursive=True)]
+
+
+def test_sigterm_ends_a_polite_tree_without_waiting_the_grace():
+    proc = start(POLITE)
+    t0 = time.monotonic()
+    kill_tree([proc.pid], grace_s=30)
+    assert time.monotonic() - t0 < 15
+    assert not psutil.pid_exists(proc.pid)
+
+
+def test_a_stopped_process_is_killed_at_once_not_after_the_grace():
+    # A SIGSTOPped process acts on SIGTERM only after SIGCONT: waiting 30 s of grace would be waste.
+    proc = start(POLITE)
+    proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    kill_tree([proc.pid], grace_s=30)
+    assert time.monotonic() - t0 < 15, "waited the whole grace for a frozen process"
+    assert not psutil.pid_exists(proc.pid)
+
+
+def test_a_tree_that_ignores_sigterm_is_killed_after_the_grace_and_nothing_is_left():
+    proc = start(STUBBORN)
+    procs = tree(proc)
+    assert len(procs) == 2
+    t0 = time.monotonic()
+    kill_tree([proc.pid], grace_s=1.0)
+    assert time.monotonic() - t0 >= 1.0, "SIGKILL came before the grace was over"
+    assert not any(psutil.pid_exists(p.pid) for p in procs)
