@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import psutil
-from filelock import BaseFileLock, FileLock, SoftFileLock, Timeout
+from filelock import BaseFileLock, FileLock, SoftFileLease, Timeout
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import IndexEvent, format_event, parse_index
@@ -36,6 +36,10 @@ from ckpt_tool.store.durable import append_line, atomic_write, current_umask, fs
 log = logging.getLogger("ckpt_tool")
 MAX_MANIFEST_BYTES = 64 << 20
 LOCK_TIMEOUT_S = 120.0
+# Where flock does not work, the lock is a lease its holder renews every third of this: a lock
+# left by a process that died (on any host) is taken over once it has not changed for this long.
+# Every writer of a directory must agree on it, so it is a constant, not a setting.
+SOFT_LOCK_LEASE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -119,15 +123,19 @@ class CheckpointStore:
         return self.root / layout.QUARANTINE_NAME
 
     def lock(self, timeout: float = LOCK_TIMEOUT_S) -> BaseFileLock:
-        """The directory's lock: an flock, or filelock's soft lock (exclusive creation of the lock
-        file) where the filesystem has no working flock (NFS mounted without locking)."""
+        """The directory's lock: an flock, or filelock's soft lease (exclusive creation of a
+        marker file that records pid and host, renewed by a heartbeat) where the filesystem has no
+        working flock (NFS mounted without locking). A dead holder's lease is taken over at once
+        on its own host, after ``SOFT_LOCK_LEASE_S`` unchanged from another host."""
         path = self.root / layout.LOCK_NAME
         mode = 0o644 & ~current_umask()  # filelock chmods the lock file to `mode`: apply the umask
         if self._flock_works is None:
             self._flock_works = flock_works(path, mode)
             if not self._flock_works:
-                log.warning("ckpt: flock does not work on %s (NFS without locking?): using a soft lock file; a crashed holder leaves %s to remove by hand", self.root, path)
-        return FileLock(path, timeout=timeout, mode=mode) if self._flock_works else SoftFileLock(path.with_suffix(".soft"), timeout=timeout)
+                log.warning("ckpt: flock does not work on %s (NFS without locking?): using a soft lock file with a %.0f s lease; a lock left by a crashed holder on another host is taken over after that", self.root, SOFT_LOCK_LEASE_S)
+        if self._flock_works:
+            return FileLock(path, timeout=timeout, mode=mode)
+        return SoftFileLease(path.with_suffix(".soft"), timeout=timeout, lease_duration=SOFT_LOCK_LEASE_S)
 
     def _locked(self, timeout: float = LOCK_TIMEOUT_S) -> BaseFileLock:
         lock = self.lock(timeout)
