@@ -1,4 +1,4 @@
-# Set-up is part of every target: a fresh machine needs only python3 (and apt as root for SLURM).
+# Set-up is part of every target: a fresh machine needs only python3 (and apt as root for SLURM and FUSE).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -20,8 +20,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/ckpt demo
 
-## make test: the whole suite; starts a local SLURM cluster first when run as root with apt.
+## make test: the whole suite; starts a local SLURM cluster and installs FUSE first when run as root with apt.
 test: $(STAMP)
+	@bash .ci/fuse-up-if-possible
 	@bash .ci/slurm-up-if-possible
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -51,7 +51,8 @@ def test_a_held_lock_is_reported_and_a_dead_holders_lock_is_free(tmp_path):
 
 
 def test_without_working_flock_a_soft_lock_still_serialises_writers(tmp_path, monkeypatch, caplog):
-    # No NFS-without-locking mount here: fake the one syscall that fails there (ENOLCK).
+    # The quick stand-in: fake the one syscall that fails on NFS without locking (ENOLCK). The real one,
+    # a FUSE filesystem on which the kernel's flock() fails, is tests/faults/test_nolock_fs.py.
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
