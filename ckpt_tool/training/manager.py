@@ -289,6 +289,11 @@ class CheckpointManager:
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
         verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
         problems: list[str] = []
+        if not self.optimizer.state:
+            # torch builds the empty optimizer state DCP loads into only when no parameter has a
+            # gradient; with gradients present it returns no optimizer state and the checkpoint's
+            # would be skipped without a word. Gradients from before a resume are stale anyway.
+            self.optimizer.zero_grad(set_to_none=True)
         try:
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
             state = {"model": model_sd, "optim": optim_sd}

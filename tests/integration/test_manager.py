@@ -21,7 +21,7 @@ from ckpt_tool.store.checksums import binding_seed, hash_file
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.safe_dcp import load_state
 
-from .tiny import make_trainer
+from .tiny import loss_fn, make_trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -51,6 +51,26 @@ def test_resume_is_bit_identical(tmp_path, async_save):
     b.manager.close()
     assert first == reference[:6]
     assert resumed == reference[4:]  # exact float equality, not approx
+
+
+def test_gradients_present_at_resume_do_not_make_it_skip_the_optimizer_state(tmp_path):
+    # torch's get_state_dict leaves an empty optimizer state empty when gradients exist, so DCP
+    # would load no optimizer state at all: a warm-up backward before resume() must not cost
+    # the Adam moments.
+    ref = make_trainer(tmp_path / "ref", save_every=0)
+    reference = run_steps(ref, 1, 8)
+    ref.manager.close()
+    a = make_trainer(tmp_path / "run", save_every=4)
+    run_steps(a, 1, 4)
+    a.manager.close()
+    b = make_trainer(tmp_path / "run", seed=99, save_every=4)
+    loss_fn(b.model, {"x": torch.ones(2, 16), "y": torch.zeros(2, 4)}).backward()
+    assert b.manager.resume() == 4
+    assert len(b.optimizer.state) == len(a.optimizer.state)
+    for p_b, p_a in zip(b.model.parameters(), a.model.parameters()):
+        assert torch.equal(b.optimizer.state[p_b]["exp_avg"], a.optimizer.state[p_a]["exp_avg"])
+    assert run_steps(b, 5, 8) == reference[4:]
+    b.manager.close()
 
 
 def test_fresh_directory_resumes_to_none(tmp_path):
