@@ -124,6 +124,7 @@ class CheckpointManager:
         self.run_id: str | None = None
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.last_saved_step: int | None = None
+        self._model_differs = False  # the last load left checkpoint entries of the model unused
         self._plan: ReshardPlan | None = None  # set when resume() reshards
         self._owner_since: float | None = None  # set when rank 0 claimed the directory
         self._claimed = False
@@ -262,6 +263,9 @@ class CheckpointManager:
         """The probe checks on the freshly loaded state (``ckpt verify`` in-process)."""
         if not self.config.verify_on_resume or self.probe_spec is None or self.store.read_manifest(step).probe is None:
             return []
+        if self._model_differs:  # the probe measures the saved model; this one has other parts
+            log.warning("ckpt: the probe check of step %d is skipped: this run's model is not the one that saved it", step)
+            return []
         try:
             report = check_loaded_model(self.model, self.probe_spec.loss_fn, self.store, step, self.comm.world_size, self.comm.group)
             problems = [f"verify {c.name}: recorded {c.recorded!r}, measured {c.measured!r} ({c.how})" for c in report.checks if not c.ok]
@@ -289,6 +293,7 @@ class CheckpointManager:
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
         verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
         problems: list[str] = []
+        mismatch: CkptError | None = None
         if not self.optimizer.state:
             # torch builds the empty optimizer state DCP loads into only when no parameter has a
             # gradient; with gradients present it returns no optimizer state and the checkpoint's
@@ -297,11 +302,20 @@ class CheckpointManager:
         try:
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
             state = {"model": model_sd, "optim": optim_sd}
-            load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
+            not_loaded = load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
+            self._model_differs = any(k.startswith("model.") for k in not_loaded)
+            if not_loaded and self.comm.is_coordinator:
+                log.warning("ckpt: %d entries of checkpoint step %d were not loaded, the model or optimizer differs from the saved one: %s", len(not_loaded), step, ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""))
             rank_state = self._read_rank_state(path, verify_fs, manifest.world_size)
         except CkptError as exc:
+            if exc.exit_code == ExitCode.CONFLICT:  # intact, but not this run's model or optimizer
+                mismatch = exc
             problems = [exc.message]
-        problems = sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
+        gathered = self.comm.all_gather((problems, mismatch))
+        conflicts = [m for _, m in gathered if m is not None]
+        if conflicts:  # not damage: no quarantine, no fallback to an older checkpoint
+            raise CkptError(f"checkpoint step {step}: {conflicts[0].message}", conflicts[0].hint, ExitCode.CONFLICT)
+        problems = sorted({p for rank_problems, _ in gathered for p in rank_problems})
         if problems:
             return problems
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

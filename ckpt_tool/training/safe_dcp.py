@@ -23,10 +23,11 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from ckpt_tool.errors import CkptError
+from ckpt_tool.core.fit import fit_problems
+from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 
 _ALLOWED: dict[str, frozenset[str]] = {
@@ -89,7 +90,26 @@ class SafeFileSystemReader(FileSystemReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """Loads non-tensor entries (optimizer hyper-parameters...) with ``weights_only=True``."""
+    """Loads non-tensor entries (optimizer hyper-parameters...) with ``weights_only=True``, and
+    notes the checkpoint's entries that the target state does not ask for (DCP skips them
+    without a word): ``not_loaded``."""
+
+    not_loaded: tuple[str, ...] = ()
+
+    def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False) -> None:
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        if metadata is None:
+            return
+        saved = {k: (tuple(md.size) if isinstance(md, TensorStorageMetadata) else None) for k, md in metadata.state_dict_metadata.items()}
+        wanted = {k: (tuple(v.size()) if isinstance(v, torch.Tensor) else None) for k, v in self.state_dict.items()}
+        problems = fit_problems(wanted, saved)
+        if problems:
+            raise CkptError(
+                "the checkpoint does not fit this run's model or optimizer: " + "; ".join(problems),
+                "resume with the model and optimizer that wrote it, or start a new checkpoint directory; the checkpoint is intact and was left in place",
+                ExitCode.CONFLICT,
+            )
+        self.not_loaded = tuple(sorted(set(saved) - set(wanted)))
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:
@@ -121,8 +141,9 @@ def load_state(
     process_group: Any = None,
     no_dist: bool = False,
     verify_with: HashingFileSystem | None = None,
-) -> None:
+) -> tuple[str, ...]:
     """``dcp.load`` into ``state`` in place, refusing hostile metadata before DCP reads it.
+    Returns the checkpoint's entries that ``state`` did not ask for (not loaded).
 
     With ``verify_with`` every file is hash-checked against the manifest as it is read (one
     pass over the data). DCP wraps every failure in ``CheckpointException`` (a BaseException);
@@ -141,7 +162,8 @@ def load_state(
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group, no_dist=no_dist)
+            planner = SafeLoadPlanner()
+            dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:
         failures = dcp_failures(exc)
         for failure in failures:
@@ -150,3 +172,4 @@ def load_state(
         first = failures[0] if failures else exc
         text = str(first)
         raise CkptError(f"loading {path} failed: {type(first).__name__}: {text.splitlines()[0] if text else ''}", "run `ckpt validate` and `ckpt rollback`") from None
+    return planner.not_loaded

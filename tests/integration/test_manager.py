@@ -121,6 +121,56 @@ def test_damaged_newest_checkpoint_is_quarantined_and_previous_used(tmp_path):
     assert [e.event for e in store.events()][-2:] == ["quarantine", "rollback"]
 
 
+def swap_in(trainer, model=None, optimizer=None):
+    """Change the run's code between save and resume: another model or optimizer."""
+    if model is not None:
+        trainer.model = trainer.manager.model = model
+    if optimizer is not None:
+        trainer.optimizer = trainer.manager.optimizer = optimizer
+    return trainer
+
+
+@pytest.mark.parametrize("change", ["optimizer", "model"])
+def test_a_checkpoint_that_does_not_fit_the_run_is_refused_not_quarantined(tmp_path, change):
+    t = make_trainer(tmp_path / "c", save_every=2)
+    run_steps(t, 1, 4)
+    t.manager.close()
+    t2 = make_trainer(tmp_path / "c", save_every=2)
+    if change == "optimizer":  # SGD with momentum: its buffers are not in an AdamW checkpoint
+        swap_in(t2, optimizer=torch.optim.SGD(t2.model.parameters(), lr=0.1, momentum=0.9))
+    else:  # a wider first layer
+        model = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(48, 4))
+        swap_in(t2, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
+    with pytest.raises(CkptError) as err:
+        t2.manager.resume()
+    t2.manager.close()
+    assert err.value.exit_code == ExitCode.CONFLICT
+    message = err.value.message
+    assert "does not fit this run's model or optimizer" in message
+    if change == "optimizer":
+        assert "not in the checkpoint" in message and "momentum" in message, message
+    else:
+        assert "another shape" in message and "[48, 16] (saved [32, 16])" in message, message
+    store = CheckpointStore(tmp_path / "c")
+    assert store.read_latest() == 4 and store.step_path(4).exists() and store.step_path(2).exists()
+    assert "quarantine" not in [e.event for e in store.events()]
+
+
+def test_checkpoint_entries_the_run_does_not_ask_for_are_named(tmp_path, caplog):
+    t = make_trainer(tmp_path / "c", save_every=2)
+    run_steps(t, 1, 2)
+    t.manager.close()
+    t2 = make_trainer(tmp_path / "c", save_every=2)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # a bias dropped
+    swap_in(t2, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
+    with caplog.at_level("WARNING", logger="ckpt_tool"):
+        assert t2.manager.resume() == 2
+    t2.manager.close()
+    [warning] = [r.getMessage() for r in caplog.records if "were not loaded" in r.getMessage()]
+    assert "model.0.bias" in warning and "optim.state.0.bias.exp_avg" in warning, warning
+    assert torch.equal(model[0].weight, t.model[0].weight)  # what fits is loaded
+
+
 def test_garbage_latest_falls_back_to_newest_on_disk(tmp_path):
     t = make_trainer(tmp_path / "c", save_every=2)
     run_steps(t, 1, 4)
