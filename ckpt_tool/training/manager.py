@@ -302,7 +302,8 @@ class CheckpointManager:
         try:
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
             state = {"model": model_sd, "optim": optim_sd}
-            not_loaded = load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
+            unused = load_state(state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
+            not_loaded = [k for k in unused if k.split(".", 1)[0] in state]  # the probe batch is verify's
             self._model_differs = any(k.startswith("model.") for k in not_loaded)
             if not_loaded and self.comm.is_coordinator:
                 log.warning("ckpt: %d entries of checkpoint step %d were not loaded, the model or optimizer differs from the saved one: %s", len(not_loaded), step, ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""))

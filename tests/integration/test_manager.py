@@ -169,6 +169,13 @@ def test_checkpoint_entries_the_run_does_not_ask_for_are_named(tmp_path, caplog)
     [warning] = [r.getMessage() for r in caplog.records if "were not loaded" in r.getMessage()]
     assert "model.0.bias" in warning and "optim.state.0.bias.exp_avg" in warning, warning
     assert torch.equal(model[0].weight, t.model[0].weight)  # what fits is loaded
+    assert "probe" not in warning  # the stored probe batch is verification's, not resume's
+    caplog.clear()
+    t3 = make_trainer(tmp_path / "c", save_every=2)  # the run's own model and optimizer
+    with caplog.at_level("WARNING", logger="ckpt_tool"):
+        assert t3.manager.resume() == 2
+    t3.manager.close()
+    assert not [r for r in caplog.records if "were not loaded" in r.getMessage() or "probe check" in r.getMessage()]
 
 
 def test_garbage_latest_falls_back_to_newest_on_disk(tmp_path):
