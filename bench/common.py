@@ -304,6 +304,23 @@ class PhaseTimer:
         return totals
 
 
+def rotated_repetitions(run: Callable[[str], tuple[float, dict[str, float] | None]], variants: Sequence[str], reps: int, nbytes: int) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]]]:
+    """Every variant ``reps`` times, the order rotated each repetition so that page cache, CPU
+    frequency and load drift fall evenly on all of them. ``run(variant)`` returns the seconds
+    and, where it measured one, the phase split. Logs GB/s of ``nbytes`` per repetition."""
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    phases: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for rep in range(reps):
+        order = [*variants[rep % len(variants) :], *variants[: rep % len(variants)]]
+        for variant in order:
+            seconds, split = run(variant)
+            times[variant].append(seconds)
+            if split is not None:
+                phases[variant].append(split)
+        log(f"rep {rep + 1}/{reps}: " + ", ".join(f"{v}={nbytes / times[v][-1] / GB:.2f} GB/s" for v in variants))
+    return times, phases
+
+
 def median_run(times: Sequence[float], phases: Sequence[dict[str, float]]) -> tuple[float, dict[str, float]]:
     """The total and phase split of the repetition whose total is the median (lower middle for
     an even count), so that the phases add up to the total shown."""

@@ -14,10 +14,11 @@ Each repetition runs, in an order rotated between repetitions:
   saved ones after each run (outside the timing);
 * resume cold with ``validate_on_resume=False``, for information (in versions that hash while
   loading, this skips only the structure check);
-* resume cold with warm zero gradients on the target's parameters, for information: torch's
-  ``get_state_dict``/``set_state_dict`` then skip initialising the stateless optimizer (a
-  ``zeros_like`` of every parameter + a step with lr=0, twice per resume), which isolates the
-  cost of ckpt_tool's own path from that torch behaviour.
+
+``get_state_dict`` initialises the empty optimizer (a ``zeros_like`` of every parameter + a step
+with lr=0) and ``set_state_dict`` loads it: torch's cost, shown in the phase split. (An earlier
+variant gave the parameters gradients to skip that; ``resume()`` now drops gradients before
+loading, because with gradients torch skips the optimizer state altogether.)
 
 Eviction: fsync + ``POSIX_FADV_DONTNEED`` on each file, then ``drop_caches=3`` when allowed
 (root); the bytes still resident are checked with ``fincore``. Throughput = bytes of the
@@ -35,7 +36,7 @@ import common
 from common import GB, PhaseTimer, Result, Row, Stats
 
 TARGET = 0.75
-VARIANTS = ("raw_cold", "resume_cold", "raw_warm", "resume_warm", "resume_cold_no_validate", "resume_cold_grads")
+VARIANTS = ("raw_cold", "resume_cold", "raw_warm", "resume_warm", "resume_cold_no_validate")
 
 
 class Loader:
@@ -69,11 +70,11 @@ class Loader:
         assert nread == self.nbytes
         return seconds
 
-    def resume(self, cold: bool, validate: bool, grads: bool = False) -> tuple[float, dict[str, float]]:
+    def resume(self, cold: bool, validate: bool) -> tuple[float, dict[str, float]]:
         with self.torch.no_grad():
             for p in self.target.parameters():
                 p.zero_()
-        optimizer = common.make_optimizer(self.target, grads=grads)
+        optimizer = common.make_optimizer(self.target, grads=False)
         mgr = common.manager(self.directory, self.target, optimizer, validate_on_resume=validate)
         self.prepare(cold)
         self.phases.take()
@@ -93,7 +94,6 @@ class Loader:
             "resume_cold": lambda: self.resume(cold=True, validate=True),
             "resume_warm": lambda: self.resume(cold=False, validate=True),
             "resume_cold_no_validate": lambda: self.resume(cold=True, validate=False),
-            "resume_cold_grads": lambda: self.resume(cold=True, validate=True, grads=True),
         }
         return runs[variant]()
 
@@ -107,8 +107,6 @@ def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str
     directory = work / "ckpt"
     reference, step_dir = common.save_checkpoint(directory, state_bytes)
     loader = Loader(directory, step_dir, reference, state_bytes)
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    phases: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     p = loader.phases
     with (
         p.wrap(CheckpointStore, "clean_up_after_crash", "crash_cleanup"),
@@ -118,14 +116,7 @@ def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str
         p.wrap(manager_module, "set_state_dict", "set_state_dict"),
     ):
         loader.run("resume_warm")  # warm-up: imports, first-call costs
-        for rep in range(reps):
-            order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
-            for variant in order:
-                seconds, split = loader.run(variant)
-                times[variant].append(seconds)
-                if split is not None:
-                    phases[variant].append(split)
-            common.log(f"rep {rep + 1}/{reps}: " + ", ".join(f"{v}={loader.nbytes / times[v][-1] / GB:.2f} GB/s" for v in VARIANTS))
+        times, phases = common.rotated_repetitions(loader.run, VARIANTS, reps, loader.nbytes)
     return loader, times, phases
 
 
@@ -147,8 +138,6 @@ def report(loader: Loader, times: dict[str, list[float]], phases: dict[str, list
     no_hash = tput["resume_cold_no_validate"]
     raw_cold = f"raw read cold {tput['raw_cold'].fmt(2, 'GB/s')}"
     result.rows.append(Row("resume(), validate_on_resume=False, cold (info)", no_hash.fmt(2, "GB/s"), raw_cold, round(no_hash.median / tput["raw_cold"].median, 3)))
-    grads = tput["resume_cold_grads"]
-    result.rows.append(Row("resume(), validate_on_resume=True, cold, params have grads (info)", grads.fmt(2, "GB/s"), raw_cold, round(grads.median / tput["raw_cold"].median, 3)))
     for variant in (v for v in VARIANTS if v.startswith("resume")):
         result.notes.append(phase_note(variant, *common.median_run(times[variant], phases[variant])))
     resident = max(loader.resident_after_evict) if loader.resident_after_evict else None

@@ -118,8 +118,6 @@ def measure(runner: Runner, reps: int, cli_reps: int) -> tuple[dict[str, list[fl
     import ckpt_tool.store.store as store_module
     import ckpt_tool.training.validate as validate_module
 
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    phases: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     p = runner.phases
     with (
         p.wrap(store_module, "hash_files", "hash_files"),
@@ -127,14 +125,7 @@ def measure(runner: Runner, reps: int, cli_reps: int) -> tuple[dict[str, list[fl
         p.wrap(store_module.CheckpointStore, "read_manifest", "manifest"),
     ):
         runner.run("validate_warm")  # warm-up: imports, first-call costs
-        for rep in range(reps):
-            order = VARIANTS[rep % len(VARIANTS) :] + VARIANTS[: rep % len(VARIANTS)]
-            for variant in order:
-                seconds, split = runner.run(variant)
-                times[variant].append(seconds)
-                if split is not None:
-                    phases[variant].append(split)
-            common.log(f"rep {rep + 1}/{reps}: " + ", ".join(f"{v}={runner.nbytes / times[v][-1] / GB:.2f} GB/s" for v in VARIANTS))
+        times, phases = common.rotated_repetitions(runner.run, VARIANTS, reps, runner.nbytes)
     cli: dict[str, list[float]] = {"validate": [], "imports": []}
     for i in range(cli_reps):
         cli["validate"].append(runner.cli())
