@@ -413,10 +413,26 @@ class CheckpointManager:
         with self.hb.phase("checkpoint"):
             self._save(step, extra)
 
+    def _check_step_grows(self, step: int) -> None:
+        """Refuse a save behind the newest checkpoint: LATEST would move back, and the next start
+        would roll forward to the newer-numbered (older) checkpoint. The same step again is a
+        supersede (the old one is quarantined). Before the first save or resume, the directory
+        is asked (one listing, on rank 0)."""
+        newest = self.last_saved_step
+        if newest is None:
+            newest = self.comm.broadcast(max([*self.store.committed_on_disk(), self.store.latest_or_none() or -1], default=-1) if self.comm.is_coordinator else None)
+        if newest is not None and step < newest:
+            raise CkptError(
+                f"save({step}): {self.store.root} already holds checkpoint step {newest}; steps must not go back",
+                "call resume() before training to continue from it, use a new directory for a new run, or `ckpt rollback --to N` first to go back on purpose",
+                ExitCode.USAGE,
+            )
+
     def _save(self, step: int, extra: dict[str, Any] | None) -> None:
         self.wait()  # at most one save in flight
         if not self._claimed:
             self._claim_directory()  # a script that saves without resume() first
+        self._check_step_grows(step)
         if self.run_id is None:
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:16] if self.comm.is_coordinator else None)
         lr = float(self.optimizer.param_groups[0]["lr"])

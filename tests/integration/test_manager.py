@@ -73,6 +73,24 @@ def test_gradients_present_at_resume_do_not_make_it_skip_the_optimizer_state(tmp
     b.manager.close()
 
 
+def test_a_save_behind_the_newest_checkpoint_is_refused(tmp_path):
+    # LATEST would move back, and the next start would roll forward to the higher (older) step.
+    t = make_trainer(tmp_path / "c", save_every=4)
+    run_steps(t, 1, 4)
+    t.step()
+    with pytest.raises(CkptError) as err:
+        t.manager.save(3)
+    assert err.value.exit_code == ExitCode.USAGE and "already holds checkpoint step 4" in err.value.message
+    t.manager.save(4)  # the same step again supersedes it
+    t.manager.close()
+    fresh = make_trainer(tmp_path / "c", save_every=4)  # a new run that forgot resume()
+    with pytest.raises(CkptError, match="steps must not go back"):
+        fresh.manager.save(2)
+    fresh.manager.close()
+    store = CheckpointStore(tmp_path / "c")
+    assert store.read_latest() == 4 and store.committed_on_disk() == [4]
+
+
 def test_fresh_directory_resumes_to_none(tmp_path):
     t = make_trainer(tmp_path / "new")
     assert t.manager.resume() is None
