@@ -41,6 +41,11 @@ class Owner:
         return f"{job} on {self.host} (pid {self.pid}), owner since {now - self.since:.0f} s, last seen {now - self.last_seen:.0f} s ago"
 
 
+def same_claim(a: Owner, b: Owner) -> bool:
+    """The same claim: host, pid and the time of the claim (a pid reused later claims anew)."""
+    return (a.host, a.pid, a.since) == (b.host, b.pid, b.since)
+
+
 @dataclass(frozen=True)
 class OwnershipDecision:
     allowed: bool

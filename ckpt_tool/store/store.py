@@ -26,7 +26,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.core.index import IndexEvent, format_event, parse_index
 from ckpt_tool.core.listing import Row, build_rows
 from ckpt_tool.core.manifest import Manifest
-from ckpt_tool.core.ownership import Owner, decide
+from ckpt_tool.core.ownership import Owner, decide, same_claim
 from ckpt_tool.core.retention import RetentionPolicy, steps_to_delete
 from ckpt_tool.core.validation import DiskEntry, Problem, hash_problems, structure_problems
 from ckpt_tool.errors import CkptError, ExitCode
@@ -86,6 +86,7 @@ class CheckpointStore:
     def __init__(self, root: Path | str, create: bool = False) -> None:
         self.root = Path(root)
         self._flock_works: bool | None = None
+        self._claimed_as: Owner | None = None  # the claim this process made (claim())
         if create:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -298,12 +299,35 @@ class CheckpointStore:
             atomic_write(path, json.dumps(me.to_json()).encode())
             if current is None or current.pid != me.pid or current.host != me.host:
                 self.append_event("owner", job_id=me.job_id, host=me.host, pid=me.pid, reason=decision.reason)
+            self._claimed_as = me
             return decision.reason
         finally:
             lock.release()
 
     def refresh_owner(self, me: Owner) -> None:
-        atomic_write(self.root / layout.OWNER_NAME, json.dumps(me.to_json()).encode())
+        """Say the owner is alive (``last_seen``); raises when another job took the directory over."""
+        lock = self._locked()
+        try:
+            self._check_still_owner()
+            atomic_write(self.root / layout.OWNER_NAME, json.dumps(me.to_json()).encode())
+        finally:
+            lock.release()
+
+    def _check_still_owner(self) -> None:
+        """Under the lock: after a claim, refuse to write once another job has taken over (it
+        judged this one stale, or was told to take over). No claim made here: nothing to check."""
+        if self._claimed_as is None:
+            return
+        try:
+            current = Owner.from_json(json.loads((self.root / layout.OWNER_NAME).read_text()))
+        except (FileNotFoundError, ValueError):
+            return  # removed by hand or damaged: nobody else claims it
+        if current is not None and not same_claim(current, self._claimed_as):
+            raise CkptError(
+                f"{self.root} was taken over by {current.describe(time.time())}; this job no longer writes there",
+                "two jobs must not share a checkpoint directory: stop this one, or give it another directory",
+                ExitCode.CONFLICT,
+            )
 
     # ----------------------------------------------------------------- writing
     def commit(self, step: int, manifest: Manifest) -> Path:
@@ -319,6 +343,7 @@ class CheckpointStore:
         target = self.step_path(step)
         lock = self._locked()
         try:
+            self._check_still_owner()
             if target.exists():
                 # A directory of the same step that LATEST never named: left by a crash between
                 # rename and pointer move, or a run that went further before a rollback.

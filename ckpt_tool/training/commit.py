@@ -46,14 +46,16 @@ def commit_staged(
     digests.update({d.name: d for d in hash_files(partial, unhashed, run_id, step)})
     entries = [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in mine]
     gathered = comm.all_gather(entries)
-    error: str | None = None
+    error: CkptError | None = None
     if comm.is_coordinator:
         try:
             store.commit(step, make_manifest(tuple(sorted((e for es in gathered for e in es), key=lambda e: e.path))))
             if retention is not None:
                 store.apply_retention(retention)
-        except (OSError, CkptError) as exc:
-            error = f"commit of step {step} failed: {exc}"
+        except CkptError as exc:  # keeps its hint and exit code (a directory taken over: 4)
+            error = CkptError(f"commit of step {step} failed: {exc.message}", exc.hint, exc.exit_code)
+        except OSError as exc:
+            error = CkptError(f"commit of step {step} failed: {exc}", f"the previous checkpoint is intact; check free space and permissions in {store.root}")
     error = comm.broadcast(error)
     if error is not None:
-        raise CkptError(error, f"the previous checkpoint is intact; check free space and permissions in {store.root}")
+        raise error

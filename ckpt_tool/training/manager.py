@@ -128,7 +128,8 @@ class CheckpointManager:
         self._plan: ReshardPlan | None = None  # set when resume() reshards
         self._owner_since: float | None = None  # set when rank 0 claimed the directory
         self._claimed = False
-        self._owner_refreshed = 0.0
+        self._owner_stop = threading.Event()  # ends the thread that keeps the claim alive
+        self._owner_thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
         self._inflight: Future | None = None
         self._staging: Future | None = None
@@ -215,7 +216,9 @@ class CheckpointManager:
                 reason = self.store.claim(self._owner(), self.config.owner_stale_after_s, self.config.take_over)
                 if reason.startswith("stale") or reason.startswith("take-over"):
                     log.warning("ckpt: taking over %s (%s)", self.store.root, reason)
-                self._owner_refreshed = time.monotonic()
+                if self._owner_thread is None:
+                    self._owner_thread = threading.Thread(target=self._keep_owner_alive, name="ckpt-owner", daemon=True)
+                    self._owner_thread.start()
             except CkptError as exc:
                 error = exc
         error = self.comm.broadcast(error)
@@ -223,11 +226,16 @@ class CheckpointManager:
             raise error
         self._claimed = True  # on every rank: later saves need not ask again
 
-    def _refresh_owner(self) -> None:
-        if self.comm.is_coordinator and self._owner_since is not None and time.monotonic() - self._owner_refreshed > OWNER_REFRESH_S:
-            self._owner_refreshed = time.monotonic()
+    def _keep_owner_alive(self) -> None:
+        """Rank 0, in a thread: refresh the claim every ``OWNER_REFRESH_S`` whatever the training
+        loop does (a long evaluation must not make the job look dead). When another job took the
+        directory over, say so once: the next commit is refused (see ``CheckpointStore.commit``)."""
+        while not self._owner_stop.wait(OWNER_REFRESH_S):
             try:
                 self.store.refresh_owner(self._owner())
+            except CkptError as exc:
+                log.error("ckpt: %s", exc)
+                return
             except OSError as exc:  # a flaky shared filesystem must not stop training
                 log.warning("ckpt: could not refresh %s: %s", self.store.root, exc)
 
@@ -388,7 +396,6 @@ class CheckpointManager:
         and, when ``ckpt run`` asked for it (preemption, time limit), saves now and exits the
         process with status 0 once the checkpoint is committed (``ckpt run`` then exits "requeue")."""
         self.hb.beat(step, "step")
-        self._refresh_owner()
         stop = self.hb.active and self.comm.any_rank(self.hb.stop_requested())
         saved = False
         if stop or (self.config.save_every and step % self.config.save_every == 0):
@@ -482,6 +489,8 @@ class CheckpointManager:
         """Remove the staging directory of a failed save and say why, with the space involved."""
         if self.comm.is_coordinator:
             shutil.rmtree(self.store.partial_path(step), ignore_errors=True)
+        if isinstance(exc, CkptError) and exc.exit_code == ExitCode.CONFLICT:  # not a disk problem
+            return CkptError(f"saving step {step} failed: {exc.message}", exc.hint, exc.exit_code)
         cause = _root_os_error(exc)
         latest = self.store.latest_or_none()
         hint = f"the previous checkpoint (step {latest}) is intact and the partial files were removed" if latest is not None else "no checkpoint was committed yet; the partial files were removed"
@@ -576,6 +585,7 @@ class CheckpointManager:
         try:
             self.wait(timeout=self.config.exit_wait_s if timeout is None else timeout)
         finally:
+            self._owner_stop.set()
             self._executor.shutdown(wait=False)
             if self._stager is not None:
                 self._stager.close()

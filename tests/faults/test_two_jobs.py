@@ -77,3 +77,41 @@ def test_a_second_real_job_is_refused_while_the_first_runs(tmp_path):
         kill_tree(a.pid)
     assert not (tmp_path / "b.jsonl").exists() or not (tmp_path / "b.jsonl").read_text()
     assert CheckpointStore(ckpt).read_latest() == 60
+
+
+def test_a_job_whose_directory_was_taken_over_can_no_longer_commit(tmp_path):
+    a = make_trainer(tmp_path / "c", save_every=2)
+    assert a.manager.resume() is None
+    a.step()
+    a.manager.save(1)
+    b = make_trainer(tmp_path / "c", save_every=2, take_over=True)  # told to take over a live job
+    assert b.manager.resume() == 1
+    a.step()
+    with pytest.raises(CkptError) as err:  # on_save_error="stop": the commit is refused, loudly
+        a.manager.save(2)
+    assert err.value.exit_code == ExitCode.CONFLICT and "was taken over by" in err.value.message
+    store = CheckpointStore(tmp_path / "c")
+    assert store.read_latest() == 1 and store.committed_on_disk() == [1]
+    b.step()
+    b.manager.save(2)  # the new owner writes on
+    assert store.read_latest() == 2
+    a.manager.close()
+    b.manager.close()
+
+
+def test_the_claim_is_kept_alive_while_the_loop_does_not_call_the_manager(tmp_path, monkeypatch):
+    # A long evaluation without maybe_save() must not make the job look dead to a second job.
+    import ckpt_tool.training.manager as manager_module
+
+    monkeypatch.setattr(manager_module, "OWNER_REFRESH_S", 0.2)
+    t = make_trainer(tmp_path / "c")
+    t.manager.resume()
+    path = tmp_path / "c" / layout.OWNER_NAME
+    first = json.loads(path.read_text())["last_seen"]
+    time.sleep(1.0)  # no call into the manager meanwhile
+    assert json.loads(path.read_text())["last_seen"] > first
+    t.manager.close()
+    time.sleep(0.5)
+    closed = json.loads(path.read_text())["last_seen"]
+    time.sleep(0.6)
+    assert json.loads(path.read_text())["last_seen"] == closed  # close() ends the refreshing

@@ -1,4 +1,4 @@
-from ckpt_tool.core.ownership import Owner, decide
+from ckpt_tool.core.ownership import Owner, decide, same_claim
 
 ME = Owner("200", "nodeA", 10, 1000.0, 1000.0)
 
@@ -25,3 +25,10 @@ def test_damaged_owner_file_is_no_owner():
     assert Owner.from_json({"host": "x"}) is None
     assert Owner.from_json("garbage") is None
     assert Owner.from_json(ME.to_json()) == ME
+
+
+def test_same_claim_is_host_pid_and_claim_time_not_last_seen():
+    mine = Owner("1", "h", 5, since=100.0, last_seen=100.0)
+    assert same_claim(mine, Owner("1", "h", 5, since=100.0, last_seen=900.0))  # refreshed
+    assert not same_claim(mine, Owner("1", "h", 5, since=200.0, last_seen=200.0))  # the pid reused by a new claim
+    assert not same_claim(mine, Owner("2", "other", 5, since=100.0, last_seen=100.0))
