@@ -227,7 +227,7 @@ def rollback(
 # --------------------------------------------------------------------------- prune
 def prune(
     directory: Path = DirArg,
-    keep_last: int = typer.Option(3, min=1, help="Keep the newest K committed checkpoints."),
+    keep_last: int = typer.Option(..., min=1, help="Keep the newest K committed checkpoints (required: deleting has no default)."),
     keep_every: Optional[int] = typer.Option(None, min=1, help="Also keep every step divisible by M."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted; delete nothing."),
     as_json: bool = JsonOpt,

@@ -217,6 +217,7 @@ def test_latest_holding_garbage(ckpt, capsys):
         (("verify", "{ckpt}", "--entry", "builtins:dict"), 2, "not (model, loss_fn)"),
         (("verify", "{ckpt}", "--entry", "nocolon"), 2, "module:function"),
         (("prune", "{ckpt}", "--keep-last", "0"), 2, ""),
+        (("prune", "{ckpt}"), 2, "--keep-last"),  # deleting has no default
     ],
 )
 def test_bad_input_gives_a_clear_error_and_changes_nothing(ckpt, capsys, args, code, message):
