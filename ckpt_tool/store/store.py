@@ -282,10 +282,7 @@ class CheckpointStore:
         path = self.root / layout.OWNER_NAME
         lock = self._locked()
         try:
-            try:
-                current = Owner.from_json(json.loads(path.read_text()))
-            except (FileNotFoundError, ValueError):
-                current = None
+            current = self._read_owner()
             alive = None
             if current is not None and current.host == me.host:
                 alive = psutil.pid_exists(current.pid)
@@ -304,6 +301,13 @@ class CheckpointStore:
         finally:
             lock.release()
 
+    def _read_owner(self) -> Owner | None:
+        """The recorded owner; None when there is none or the record is damaged."""
+        try:
+            return Owner.from_json(json.loads((self.root / layout.OWNER_NAME).read_text()))
+        except (FileNotFoundError, ValueError):
+            return None
+
     def refresh_owner(self, me: Owner) -> None:
         """Say the owner is alive (``last_seen``); raises when another job took the directory over."""
         lock = self._locked()
@@ -318,10 +322,7 @@ class CheckpointStore:
         judged this one stale, or was told to take over). No claim made here: nothing to check."""
         if self._claimed_as is None:
             return
-        try:
-            current = Owner.from_json(json.loads((self.root / layout.OWNER_NAME).read_text()))
-        except (FileNotFoundError, ValueError):
-            return  # removed by hand or damaged: nobody else claims it
+        current = self._read_owner()  # None: removed by hand or damaged, nobody else claims it
         if current is not None and not same_claim(current, self._claimed_as):
             raise CkptError(
                 f"{self.root} was taken over by {current.describe(time.time())}; this job no longer writes there",

@@ -427,7 +427,7 @@ class CheckpointManager:
         is asked (one listing, on rank 0)."""
         newest = self.last_saved_step
         if newest is None:
-            newest = self.comm.broadcast(max([*self.store.committed_on_disk(), self.store.latest_or_none() or -1], default=-1) if self.comm.is_coordinator else None)
+            newest = self.comm.broadcast(max(self.store.committed_on_disk(), default=None) if self.comm.is_coordinator else None)
         if newest is not None and step < newest:
             raise CkptError(
                 f"save({step}): {self.store.root} already holds checkpoint step {newest}; steps must not go back",
