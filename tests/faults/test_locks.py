@@ -21,6 +21,11 @@ from ..integration.test_store import commit
 pytestmark = pytest.mark.faults
 
 
+def no_flock(fd, op):
+    """fcntl.flock as on NFS mounted without locking."""
+    raise OSError(errno.ENOLCK, "No locks available")
+
+
 def hold_lock(root) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
@@ -53,9 +58,6 @@ def test_a_held_lock_is_reported_and_a_dead_holders_lock_is_free(tmp_path):
 def test_without_working_flock_a_soft_lock_still_serialises_writers(tmp_path, monkeypatch, caplog):
     # The quick stand-in: fake the one syscall that fails on NFS without locking (ENOLCK). The real one,
     # a FUSE filesystem on which the kernel's flock() fails, is tests/faults/test_nolock_fs.py.
-    def no_flock(fd, op):
-        raise OSError(errno.ENOLCK, "No locks available")
-
     monkeypatch.setattr(fcntl, "flock", no_flock)
     store = CheckpointStore(tmp_path / "c", create=True)
     with caplog.at_level("WARNING", logger="ckpt_tool"):

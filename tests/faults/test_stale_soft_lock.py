@@ -9,7 +9,6 @@ both processes (NFS without locking; tests/faults/test_nolock_fs.py has the real
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import shutil
@@ -26,14 +25,16 @@ from ckpt_tool.store import store as store_module
 from ckpt_tool.store.store import CheckpointStore
 
 from ..integration.test_store import commit
+from .test_locks import no_flock
 
 pytestmark = pytest.mark.faults
 
 LEASE_S = 2.0  # every writer of a directory uses the same lease; short here to keep the test short
 
 
-def no_flock(fd, op):
-    raise OSError(errno.ENOLCK, "No locks available")
+def needs_another_host_name() -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to run the holder under another host name")
 
 
 def hold_soft_lock(root, host: str | None) -> subprocess.Popen:
@@ -67,8 +68,7 @@ def soft_store(tmp_path, monkeypatch):
 
 
 def test_a_live_holder_on_another_host_keeps_the_lock_by_renewing_it(soft_store):
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare to run the holder under another host name")
+    needs_another_host_name()
     holder = hold_soft_lock(soft_store.root, "nodeB")
     try:
         time.sleep(2 * LEASE_S)  # longer than the lease: only the holder's renewals keep it
@@ -80,8 +80,7 @@ def test_a_live_holder_on_another_host_keeps_the_lock_by_renewing_it(soft_store)
 
 
 def test_a_dead_holders_lock_on_another_host_is_taken_over_after_the_lease(soft_store):
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare to run the holder under another host name")
+    needs_another_host_name()
     holder = hold_soft_lock(soft_store.root, "nodeB")
     holder.send_signal(signal.SIGKILL)  # dies holding it: nothing releases a soft lock
     holder.wait()
