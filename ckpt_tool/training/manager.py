@@ -427,13 +427,18 @@ class CheckpointManager:
         is asked (one listing, on rank 0)."""
         newest = self.last_saved_step
         if newest is None:
-            newest = self.comm.broadcast(max(self.store.committed_on_disk(), default=None) if self.comm.is_coordinator else None)
+            newest = self.comm.broadcast(self._newest_in_directory() if self.comm.is_coordinator else None)
         if newest is not None and step < newest:
             raise CkptError(
                 f"save({step}): {self.store.root} already holds checkpoint step {newest}; steps must not go back",
                 "call resume() before training to continue from it, use a new directory for a new run, or `ckpt rollback --to N` first to go back on purpose",
                 ExitCode.USAGE,
             )
+
+    def _newest_in_directory(self) -> int | None:
+        """The highest step LATEST or a committed directory names (one listing)."""
+        latest = self.store.latest_or_none()
+        return max([*self.store.committed_on_disk(), *([] if latest is None else [latest])], default=None)
 
     def _save(self, step: int, extra: dict[str, Any] | None) -> None:
         self.wait()  # at most one save in flight
