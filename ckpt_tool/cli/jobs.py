@@ -258,3 +258,12 @@ def history(
         style = styles.get(e["event"], "")
         table.add_row(_time.strftime("%m-%d %H:%M:%S", _time.localtime(e["time"])), e["source"], f"[{style}]{e['event']}[/]" if style else e["event"], details[:120])
     console.print(table)
+
+
+def free_port() -> None:
+    """Print a TCP port that is free on this host now (the sbatch script's rendezvous port)."""
+    import socket  # noqa: PLC0415
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        print(s.getsockname()[1])

@@ -8,18 +8,32 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
+from ckpt_tool import __version__
 from ckpt_tool.cli import checkpoints, demo, jobs, plan
+from ckpt_tool.cli.output import err
 from ckpt_tool.errors import CkptError
+
+EXIT_CODES = (
+    "[bold]Exit codes[/]\n\n"
+    "0 success · 1 a check failed (damage found) or the run failed · 2 bad command line or input · "
+    "3 no checkpoint directory, step or valid checkpoint · 4 the checkpoint does not fit the run "
+    "(world size, format version, model) or another job holds the directory · "
+    "75 (`ckpt run`) stopped after a checkpoint on request: requeue · 76 (`ckpt run`) crash loop\n\n"
+    "Add --debug anywhere among ckpt's own options for a traceback instead of a message; "
+    "options after `--` belong to the training command."
+)
 
 app = typer.Typer(
     name="ckpt",
     help="Checkpointing and fault recovery for distributed PyTorch training on SLURM.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
-    add_completion=False,
+    rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
 app.command("demo")(demo.demo)
@@ -29,41 +43,76 @@ app.command("verify")(checkpoints.verify)
 app.command("rollback")(checkpoints.rollback)
 app.command("prune")(checkpoints.prune)
 app.command("reshard")(checkpoints.reshard)
-app.command("run", context_settings={"allow_interspersed_args": False})(jobs.run)
-app.command("submit", context_settings={"allow_interspersed_args": False})(jobs.submit)
+# Commands whose trailing words are the training command: ckpt's options end at its first word.
+PASSTHROUGH = {"run": jobs.run, "submit": jobs.submit}
+for _name, _fn in PASSTHROUGH.items():
+    app.command(_name, context_settings={"allow_interspersed_args": False})(_fn)
 app.command("recover")(jobs.recover)
 app.command("note", hidden=True)(jobs.note_cmd)
+app.command("free-port", hidden=True)(jobs.free_port)
 app.command("status")(jobs.status)
 app.command("history")(jobs.history)
 app.command("plan")(plan.plan)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"ckpt-tool {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def root() -> None:
-    """Checkpointing and fault recovery for distributed PyTorch training on SLURM.
+def root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show a traceback instead of a message (CKPT_DEBUG=1 does the same)."),
+) -> None:
+    """Checkpointing and fault recovery for distributed PyTorch training on SLURM."""
 
-    Exit codes: 0 ok; 1 a check or run failed; 2 bad command line or input; 3 no checkpoint
-    directory or no valid checkpoint; 4 the checkpoint does not fit the run (world size,
-    format version, lock held). Add --debug for a traceback.
-    """
 
-err_console = Console(stderr=True)
+def split_debug(args: list[str]) -> tuple[list[str], bool]:
+    """Take ``--debug`` out of ckpt's own options, wherever they are; never out of the training
+    command of ``ckpt run`` / ``ckpt submit`` (after ``--``, or after its first word when the
+    command has no ``--``: those words belong to the user's script)."""
+    group: Any = typer.main.get_command(app)  # a click-style group (typer vendors click)
+    out: list[str] = []
+    debug = False
+    command: str | None = None
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":
+            return out + args[i:], debug
+        if token == "--debug":
+            debug = True
+            i += 1
+            continue
+        out.append(token)
+        i += 1
+        if token.startswith("-"):
+            params = (group.commands[command] if command else group).params
+            name = token.split("=", 1)[0]
+            takes_value = any(p.param_type_name == "option" and name in p.opts and not p.is_flag and not p.count for p in params)
+            if takes_value and "=" not in token and i < len(args):
+                out.append(args[i])
+                i += 1
+        elif command is None:
+            command = token if token in group.commands else None
+        elif command in PASSTHROUGH:
+            return out + args[i:], debug  # the training command starts here
+    return out, debug
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = os.environ.get("CKPT_DEBUG") == "1"
-    if "--debug" in args:
-        args.remove("--debug")
-        debug = True
+    args, debug = split_debug(list(sys.argv[1:] if argv is None else argv))
+    debug = debug or os.environ.get("CKPT_DEBUG") == "1"
     try:
         app(args=args, prog_name="ckpt")  # exits itself: usage errors exit 2
     except CkptError as exc:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(exc.message)}")
         if exc.hint:
-            err_console.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
+            err.print(f"[yellow]hint:[/] {escape(exc.hint)}")
         sys.exit(exc.exit_code)
 
 

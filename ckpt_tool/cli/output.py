@@ -1,0 +1,104 @@
+"""How the ``ckpt`` commands print.
+
+- On a terminal: Rich tables and colours. In a pipe or a file: whole lines, full values, tables
+  as tab-separated columns with a header (like ``squeue``), so ``ckpt list DIR | grep`` works.
+- ``--json`` on every command that reports: one JSON document on stdout.
+- Text that comes from the user or the disk (paths, messages, step names) is never read as Rich
+  markup: ``exp[lr=3e-4]`` stays ``exp[lr=3e-4]``. Only this module's callers' own markup is.
+- No Python reprs in human output: ``None`` is ``-``, mappings are ``key value, ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+# soft_wrap: a line is never cut or folded to the (unknown) width of a pipe
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+__all__ = ["out", "err", "escape", "Column", "print_table", "print_json", "human", "when", "size", "shorten", "is_terminal"]
+
+
+def is_terminal() -> bool:
+    return out.is_terminal
+
+
+def human(value: Any) -> str:
+    """A value as a person reads it: no ``None``, no dict or dataclass reprs."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {human(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ", ".join(human(v) for v in value) or "-"
+    return str(value)
+
+
+def when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return "-"
+
+
+def shorten(text: str, limit: int) -> str:
+    """At most ``limit`` characters; a cut text ends with an ellipsis."""
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    key: str = ""  # the header in a pipe (one word); default: the title with underscores
+    justify: str = "left"
+    terminal: Callable[[Any], str] = human  # how a cell looks on a terminal
+    full: Callable[[Any], str] = human  # and in a pipe: the full value
+    styles: Mapping[str, str] = field(default_factory=dict)  # cell text -> Rich style (terminal)
+
+    @property
+    def header(self) -> str:
+        return self.key or self.title.replace(" ", "_")
+
+
+def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
+    """A Rich table on a terminal; tab-separated lines with a header elsewhere (no title)."""
+    if not is_terminal():
+        lines = ["\t".join(c.header for c in columns)]
+        lines += ["\t".join(c.full(v).replace("\t", " ").replace("\n", " ") for c, v in zip(columns, row)) for row in rows]
+        sys.stdout.write("\n".join(lines) + "\n")
+        return
+    table = Table(title=Text(title) if title is not None else None)
+    for c in columns:
+        table.add_column(Text(c.title), justify=c.justify)  # type: ignore[arg-type]
+    for row in rows:
+        cells = []
+        for c, v in zip(columns, row):
+            text = c.terminal(v)
+            cells.append(Text(text, style=c.styles.get(text, "")))
+        table.add_row(*cells)
+    out.print(table)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=1, default=str) + "\n")
