@@ -7,13 +7,13 @@ Each repetition runs, in an order rotated between repetitions:
 
 * command: ``python -m ckpt_tool.cli.main reshard SRC --world-size 2 --out OUT`` as a subprocess,
   wall time: interpreter start, imports, the plan (DCP metadata, shape check, batch split), then
-  torchrun with 2 ranks (gloo) running ``ckpt_tool.training.reshard_main``: each rank builds empty
+  torchrun with 2 ranks (gloo) running ``ckpt_tool.entrypoints.reshard``: each rank builds empty
   DTensor targets from the metadata, loads its half with every file hash-checked as it is read,
   writes its slice (4 writer threads, fsync, hashed as written) and the commit protocol runs;
-* workers: the same ``reshard_main`` under ``torchrun --standalone --nproc-per-node=2`` through a
+* workers: the same ``ckpt_tool.entrypoints.reshard`` under ``torchrun --standalone --nproc-per-node=2`` through a
   small wrapper (written to the scratch directory) that times, in each rank, the interpreter and
   imports, ``init_distributed`` and the phases of ``reshard_main.main`` (plan, targets, load,
-  ``dcp.save``, ``commit_staged``) by wrapping those functions where ``reshard_main`` looks them up.
+  ``dcp.save``, ``commit_staged``) by wrapping those functions where ``ckpt_tool.entrypoints.reshard`` looks them up.
   The in-process part is ``main()`` minus ``init_distributed`` on the slower rank (it still holds
   the one-off import of ``torch._dynamo`` that the first DTensor creation triggers); the data work
   alone is load + ``dcp.save`` + commit; the rest of the command (interpreters, imports, torchrun,
@@ -59,13 +59,13 @@ BENCH_DIR = Path(__file__).resolve().parent
 TARGET = 1.2
 STEP = 1
 WORKER = '''\
-"""Runs ckpt_tool.training.reshard_main.main() in a torchrun rank and writes its timings (bench/reshard_speed.py)."""
+"""Runs ckpt_tool.entrypoints.reshard.main() in a torchrun rank and writes its timings (bench/reshard_speed.py)."""
 import json, os, sys, time
 T0 = time.time()
 sys.path.insert(0, {bench_dir!r})
 import common
 import torch.distributed.checkpoint as dcp
-from ckpt_tool.training import reshard_main
+from ckpt_tool.entrypoints import reshard as reshard_main
 T_IMPORTED = time.time()
 DYNAMO_BEFORE = "torch._dynamo" in sys.modules
 phases = common.PhaseTimer()
@@ -153,7 +153,7 @@ class Offline:
         for f in self.work.glob("timings.rank*"):
             f.unlink()
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-        cmd = [*torchrun, str(self.worker), str(self.src), str(STEP), str(out)]
+        cmd = [*torchrun, str(self.worker), str(self.work / "result.json"), str(self.src), str(STEP), str(out)]
         env = {**os.environ, "RESHARD_TIMINGS": str(self.timings)}
         common.settle()
         start = time.time()
@@ -310,7 +310,7 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
     target, met = common.at_most(ratio, TARGET)
     rows = [
         ("(a) `ckpt reshard --world-size 2 --out`, whole command (1 -> 2 ranks)", cmd, target, met),
-        ("(a) in-process part: reshard_main.main() - init_distributed, slower rank (info)", inproc, "-", None),
+        ("(a) in-process part: entrypoints.reshard.main() - init_distributed, slower rank (info)", inproc, "-", None),
         ("(a) start-up and exit of torchrun + 2 ranks around it (info)", start_up, "-", None),
     ]
     for label, stats, tgt, ok in rows:

@@ -109,7 +109,7 @@ class Runner:
         if resident is not None:
             self.resident.append(resident)
         seconds, proc = common.time_command(common.ckpt_command("validate", str(self.directory), "--step", str(STEP), "--json"))
-        [report] = json.loads(proc.stdout)
+        [report] = json.loads(proc.stdout)["steps"]
         assert report["ok"], report
         return seconds
 

@@ -19,6 +19,11 @@ class ExitCode:
     CRASH_LOOP = 76  # `ckpt run`: failures in a row without progress; restarting would not help
 
 
+# Failures a restart cannot fix: the same command line, configuration or checkpoint would fail
+# again. `ckpt run` stops at once when a rank reports one (it does not restart it).
+RESTART_CANNOT_HELP = frozenset({ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.CONFLICT})
+
+
 class CkptError(Exception):
     """A failure the user can act on: ``message`` says what is wrong, ``hint`` what to do next."""
 

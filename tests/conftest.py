@@ -56,3 +56,11 @@ def reference_run(tmp_path_factory) -> Recipe:
     recipe = Recipe(tmp_path_factory.mktemp("reference"))
     assert recipe.run() == 0, recipe.log.read_text()[-4000:]
     return recipe
+
+
+@pytest.fixture(scope="session")
+def recipe_checkpoints(tmp_path_factory) -> Path:
+    """A checkpoint directory of the recipe (2 ranks): steps 5, 10, 15, 20. Copy it before changing it."""
+    recipe = Recipe(tmp_path_factory.mktemp("recipe-ckpts"), steps=20, save_every=5, extra=("--keep-last", "4"))
+    assert recipe.run() == 0, recipe.log.read_text()[-3000:]
+    return recipe.ckpt_dir

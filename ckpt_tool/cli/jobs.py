@@ -1,20 +1,27 @@
-"""``ckpt run``: parse, build the run configuration, supervise, print."""
+"""``ckpt run / submit / recover / status / history``: parse, call the layers below, print.
+
+One default for where a run's events go: ``CKPT_DIR/run`` (``ckpt run --ckpt-dir``, ``ckpt
+submit --ckpt-dir``, and ``ckpt status CKPT_DIR`` all mean that directory); ``--run-dir``
+overrides it everywhere.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from rich.console import Console
-from rich.live import Live
 
+from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table, shorten
+from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.core.timeouts import PHASES, TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
 
-console = Console(stderr=True)
+JsonOpt = typer.Option(False, "--json", help="Print JSON instead of text.")
 
 
 def _parse_timeouts(values: list[str]) -> dict[str, float]:
@@ -31,6 +38,25 @@ def _parse_timeouts(values: list[str]) -> dict[str, float]:
     return out
 
 
+def run_dir_for(run_dir: Path | None, ckpt_dir: Path | None) -> Path:
+    """``--run-dir``, else ``CKPT_DIR/run`` (from ``--ckpt-dir`` or the environment)."""
+    if run_dir is not None:
+        return run_dir
+    ckpt = ckpt_dir or (Path(os.environ["CKPT_DIR"]) if os.environ.get("CKPT_DIR") else None)
+    if ckpt is None:
+        raise CkptError(
+            "ckpt run needs to know where the run's events go",
+            "give --ckpt-dir DIR (the checkpoint directory: events go to DIR/run, where `ckpt status DIR` looks) or --run-dir",
+            ExitCode.USAGE,
+        )
+    return ckpt / RUN_DIR_NAME
+
+
+def _human_event(record: dict[str, Any]) -> str:
+    detail = ", ".join(f"{k}={human(v)}" for k, v in record.items() if k not in ("time", "event", "attempt", "argv"))
+    return f"[ckpt run] {record['event']}: {detail}" if detail else f"[ckpt run] {record['event']}"
+
+
 def run(
     command: List[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Ranks on this node."),
@@ -39,19 +65,31 @@ def run(
     rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="Rendezvous id (the SLURM job id under `ckpt submit`)."),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts in the same allocation after a crash or hang."),
     crash_loop: int = typer.Option(3, "--crash-loop", min=1, help="Stop after this many failures in a row without a new checkpoint."),
-    run_dir: Path = typer.Option(Path("ckpt-run"), "--run-dir", help="Event log and calibrated timeouts (kept across restarts)."),
+    ckpt_dir: Optional[Path] = typer.Option(None, "--ckpt-dir", help="The checkpoint directory: exported to the ranks as CKPT_DIR; events go to CKPT_DIR/run."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Event log and calibrated timeouts (default: CKPT_DIR/run)."),
     timeout: List[str] = typer.Option([], "--timeout", help="Override a phase timeout: PHASE=SECONDS (repeatable)."),
     grace: float = typer.Option(5.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL when tearing ranks down."),
     stop_deadline: float = typer.Option(300.0, "--stop-deadline", min=1, help="Seconds to wait for the checkpoint after SIGUSR1/SIGTERM."),
+    as_json: bool = typer.Option(False, "--json", help="Print each event as a JSON line on stdout."),
 ) -> None:
     """Run torchrun under a watchdog: crashes and hangs detected in seconds, restarts from the newest checkpoint.
 
-    Exit codes: 0 finished; 1 failed (restarts exhausted); 2 usage; 75 stopped after a checkpoint
-    on SIGUSR1/SIGTERM (requeue me); 76 crash loop (no progress, not restarted again).
+    Exit codes: 0 finished; 1 failed (restarts exhausted); 2, 3 or 4 a rank stopped on an error a
+    restart cannot fix (its message is in the events); 75 stopped after a checkpoint on
+    SIGUSR1/SIGTERM (requeue me); 76 crash loop (no progress, not restarted again).
     """
+    from rich.live import Live  # noqa: PLC0415
+
+    from ckpt_tool.slurm.submit import check_ckpt_dir_agrees  # noqa: PLC0415
+    from ckpt_tool.supervise.watchdog import RunConfig, Watchdog  # noqa: PLC0415
+
+    timeouts = TimeoutPolicy(overrides=_parse_timeouts(timeout))
+    if ckpt_dir is not None:
+        check_ckpt_dir_agrees(command, ckpt_dir)
     cfg = RunConfig(
         command=tuple(command),
-        run_dir=run_dir,
+        run_dir=run_dir_for(run_dir, ckpt_dir),
+        ckpt_dir=ckpt_dir.absolute() if ckpt_dir is not None else None,
         nproc_per_node=nproc_per_node,
         nnodes=nnodes,
         rdzv_endpoint=rdzv_endpoint,
@@ -60,43 +98,47 @@ def run(
         crash_loop=crash_loop,
         grace_s=grace,
         stop_deadline_s=stop_deadline,
-        timeouts=TimeoutPolicy(overrides=_parse_timeouts(timeout)),
+        timeouts=timeouts,
     )
-    if sys.stderr.isatty():
-        with Live(console=console, refresh_per_second=2, transient=True) as live:
-            code = Watchdog(cfg, report=live.console.print, status=lambda s: live.update(_status_line(s))).run()
+    if as_json:
+        code = Watchdog(cfg, report=lambda record: print(json.dumps(record, default=str), flush=True)).run()
+    elif err.is_terminal:
+        with Live(console=err, refresh_per_second=2, transient=True) as live:
+            code = Watchdog(cfg, report=lambda record: live.console.print(escape(_human_event(record))), status=lambda s: live.update(_status_line(s))).run()
     else:
-        code = Watchdog(cfg, report=lambda line: print(line, file=sys.stderr, flush=True)).run()
+        code = Watchdog(cfg, report=lambda record: print(_human_event(record), file=sys.stderr, flush=True)).run()
     raise typer.Exit(code)
 
 
 def _status_line(status: dict[str, Any]) -> str:
     ranks = "  ".join(f"r{r}: step {step} {phase} {ago:.1f}s" for r, (step, phase, ago) in status["ranks"].items())
-    return f"[bold]ckpt run[/] attempt {status['attempt']}  checkpoint {status['ckpt']}  {ranks or 'starting...'}"
+    return f"[bold]ckpt run[/] attempt {status['attempt']}  checkpoint {human(status['ckpt'])}  {escape(ranks) or 'starting...'}"
 
 
 # --------------------------------------------------------------------------- submit and the requeue chain
 def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
-    out = []
+    pairs = []
     for value in values:
         key, sep, val = value.partition("=")
         if not sep:
             raise CkptError(f"--env {value!r} is not NAME=VALUE", "e.g. --env NCCL_DEBUG=WARN", ExitCode.USAGE)
-        out.append((key, val))
-    return tuple(out)
+        pairs.append((key, val))
+    return tuple(pairs)
 
 
 def submit(
     command: List[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
-    ckpt_dir: Path = typer.Option(..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem (the training script must use it too)."),
+    ckpt_dir: Path = typer.Option(..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem; exported to the training as CKPT_DIR."),
     nodes: int = typer.Option(1, "--nodes", min=1),
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0, help="GPUs per node (also the ranks per node unless --nproc-per-node)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (CPU runs)."),
+    cpus_per_task: Optional[int] = typer.Option(None, "--cpus-per-task", min=1, help="CPUs for each node's task, which runs all its ranks (default: one per rank)."),
+    mem: Optional[str] = typer.Option(None, "--mem", help="Memory per node, SLURM syntax (e.g. 200G)."),
     time_limit: Optional[str] = typer.Option(None, "--time", help="SLURM time limit, e.g. 24:00:00."),
     partition: Optional[str] = typer.Option(None, "--partition"),
     account: Optional[str] = typer.Option(None, "--account"),
     qos: Optional[str] = typer.Option(None, "--qos"),
-    constraint: Optional[str] = typer.Option(None, "--constraint"),
+    constraint: Optional[str] = typer.Option(None, "--constraint", help="Node features, SLURM syntax (e.g. 'a100&ib')."),
     job_name: str = typer.Option("ckpt-train", "--job-name"),
     signal_lead: Optional[int] = typer.Option(None, "--signal-lead", min=30, help="Seconds before the limit to checkpoint (default: from the last measured checkpoint time)."),
     max_requeues: int = typer.Option(10, "--max-requeues", min=0),
@@ -105,6 +147,7 @@ def submit(
     sbatch_line: List[str] = typer.Option([], "--sbatch", help="Extra #SBATCH directive, e.g. --sbatch '--exclusive' (repeatable)."),
     env: List[str] = typer.Option([], "--env", help="NAME=VALUE exported in the job (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script; submit nothing."),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Submit a training job that survives time limits, preemptions and crashes by itself."""
     from ckpt_tool.slurm import submit as chain  # noqa: PLC0415
@@ -119,6 +162,8 @@ def submit(
         nodes=nodes,
         nproc_per_node=nproc_per_node or gpus_per_node or 1,
         gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
         time=time_limit,
         partition=partition,
         account=account,
@@ -131,27 +176,46 @@ def submit(
         env=_parse_env(env),
     )
     if dry_run:
-        sys.stdout.write(chain.dry_run(spec, script))
+        text = chain.dry_run(spec, script)
+        print_json({"dry_run": True, "script": text, "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir}) if as_json else sys.stdout.write(text)
         return
     path = chain.write_script(spec, script)
     job_id = sbatch(str(path))
     note(Path(spec.run_dir), "submitted", job_id=job_id, script=str(path))
+    if as_json:
+        print_json({"dry_run": False, "job_id": job_id, "script": str(path), "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir})
+        return
     print(job_id)
-    console.print(f"submitted job [bold]{job_id}[/] ({path})\n  follow: ckpt status {spec.ckpt_dir}   squeue -j {job_id}\n  history: ckpt history {spec.ckpt_dir}")
+    err.print(f"submitted job [bold]{job_id}[/] ({escape(str(path))})\n  follow: ckpt status {escape(spec.ckpt_dir)}   squeue -j {job_id}\n  history: ckpt history {escape(spec.ckpt_dir)}")
 
 
 def recover(
     ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory.", show_default=False),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the decision is written (recover.json, events.jsonl)."),
     world_size: Optional[int] = typer.Option(None, "--world-size", min=1, help="Ranks of this allocation."),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Once per (re)start, before training: validate the newest checkpoint, roll back if damaged, check the world size."""
-    import json  # noqa: PLC0415
-
     from ckpt_tool.training.recover import recover as do_recover  # noqa: PLC0415
 
     decision = do_recover(ckpt_dir, world_size, run_dir)
-    print(json.dumps(decision.to_json()))
+    if as_json:
+        print_json(decision.to_json())
+        return
+    for action in decision.cleanup:
+        out.print(f"cleaned up: {escape(action)}")
+    if decision.action == "fresh":
+        out.print(f"fresh start: no checkpoint in {escape(str(ckpt_dir))} yet")
+        return
+    if decision.rolled_back_from is not None or decision.quarantined:
+        out.print(f"[yellow]rolled back[/] from {human(decision.rolled_back_from)} to step {decision.step}; quarantined {human(list(decision.quarantined))}")
+    out.print(f"resume from step {decision.step} (saved by {decision.saved_world_size} ranks; checked in {decision.seconds:.2f} s)")
+    if decision.reshard is not None:
+        old, new = decision.reshard["old"], decision.reshard["new"]  # type: ignore[index]
+        out.print(
+            f"world size {decision.saved_world_size} -> {decision.world_size}: micro-batch {new['micro_batch']} x accumulation {new['grad_accum']} "
+            f"(was {old['micro_batch']} x {old['grad_accum']}), global batch {new['global_batch']} kept"
+        )
 
 
 def note_cmd(
@@ -166,100 +230,6 @@ def note_cmd(
     note(run_dir, event, **fields)
 
 
-def _locate(target: Path) -> tuple[Path, Path | None]:
-    """A run directory (holding events.jsonl) and its checkpoint directory, from either."""
-    if (target / "events.jsonl").exists() or target.name == "run":
-        return target, target.parent if (target.parent / "LATEST").exists() or target.name == "run" else None
-    return target / "run", target
-
-
-def status(
-    target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
-    import json  # noqa: PLC0415
-    import time as _time  # noqa: PLC0415
-
-    from ckpt_tool.slurm.commands import job_state  # noqa: PLC0415
-    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
-    from ckpt_tool.supervise.events import read_events  # noqa: PLC0415
-
-    out: dict[str, Any] = {}
-    events: list[dict[str, Any]] = []
-    job_id = target if target.isdigit() else None
-    if job_id is None:
-        run_dir, ckpt_dir = _locate(Path(target))
-        if not run_dir.exists() and (ckpt_dir is None or not ckpt_dir.exists()):
-            raise CkptError(f"{target} is neither a job id nor a checkpoint or run directory", "pass the --ckpt-dir of `ckpt submit`, or a job id", ExitCode.NOT_FOUND)
-        events = read_events(run_dir)
-        ids = [e.get("job_id") for e in events if e.get("job_id")]
-        job_id = str(ids[-1]) if ids else None
-        out["run_dir"] = str(run_dir)
-        if ckpt_dir is not None and ckpt_dir.exists():
-            store = CheckpointStore(ckpt_dir)
-            latest = store.latest_or_none()
-            out["newest_checkpoint"] = latest
-            if latest is not None:
-                age = _time.time() - store.read_manifest(latest).created_at
-                out["checkpoint_age_s"] = round(age, 1)
-    state = job_state(job_id) if job_id else None
-    out["job_id"] = job_id
-    out["job_state"] = state.state if state else None
-    out["slurm_restarts"] = state.restarts if state else None
-    job_events = [e for e in events if str(e.get("job_id", job_id)) == str(job_id)] if job_id else events
-    out["starts"] = sum(1 for e in job_events if e["event"] == "job_start")
-    out["requeues"] = sum(1 for e in events if e["event"] == "requeue")
-    out["in_allocation_restarts"] = sum(1 for e in events if e["event"] == "restarted")
-    finals = [e["event"] for e in events if e["event"] in ("job_finished", "job_failed", "max_requeues_reached", "requeue_failed", "crash_loop")]
-    out["final"] = finals[-1] if finals else None
-    out["last_events"] = events[-8:]
-    if as_json:
-        sys.stdout.write(json.dumps(out, indent=1, default=str) + "\n")
-        return
-    console.print(f"job [bold]{job_id or '-'}[/]: {out['job_state'] or 'unknown'}  starts {out['starts']}  requeues {out['requeues']}  restarts in allocation {out['in_allocation_restarts']}")
-    if "newest_checkpoint" in out:
-        console.print(f"newest checkpoint: step {out['newest_checkpoint']} ({out.get('checkpoint_age_s', '-')} s old)")
-    if out["final"]:
-        console.print(f"final state: [bold]{out['final']}[/]")
-    for e in out["last_events"]:
-        console.print(f"  {_time.strftime('%H:%M:%S', _time.localtime(e['time']))} {e['event']} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event", "argv")))
-
-
-def history(
-    target: Path = typer.Argument(..., help="A checkpoint directory or a run directory.", show_default=False),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """The run's timeline: saves, failures, restarts, requeues and rollbacks."""
-    import json  # noqa: PLC0415
-    import time as _time  # noqa: PLC0415
-
-    from rich.table import Table  # noqa: PLC0415
-
-    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
-    from ckpt_tool.supervise.events import read_events  # noqa: PLC0415
-
-    run_dir, ckpt_dir = _locate(target)
-    timeline = [{"source": "run", **e} for e in read_events(run_dir)]
-    if ckpt_dir is not None and ckpt_dir.exists():
-        timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in CheckpointStore(ckpt_dir).events()]
-    if not timeline:
-        raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of `ckpt submit` (or its run/ directory)", ExitCode.NOT_FOUND)
-    timeline.sort(key=lambda e: e["time"])
-    if as_json:
-        sys.stdout.write(json.dumps(timeline, indent=1, default=str) + "\n")
-        return
-    table = Table(title=f"history of {target}")
-    for col in ("time", "source", "event", "details"):
-        table.add_column(col)
-    styles = {"hang": "red", "rank_exited": "red", "quarantine": "red", "crash_loop": "red", "job_failed": "red", "requeue": "yellow", "restarted": "yellow", "rollback": "yellow", "commit": "green"}
-    for e in timeline:
-        details = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event", "source", "argv", "run_id"))
-        style = styles.get(e["event"], "")
-        table.add_row(_time.strftime("%m-%d %H:%M:%S", _time.localtime(e["time"])), e["source"], f"[{style}]{e['event']}[/]" if style else e["event"], details[:120])
-    console.print(table)
-
-
 def free_port() -> None:
     """Print a TCP port that is free on this host now (the sbatch script's rendezvous port)."""
     import socket  # noqa: PLC0415
@@ -267,3 +237,114 @@ def free_port() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         print(s.getsockname()[1])
+
+
+def _locate(target: Path) -> tuple[Path, Path | None]:
+    """(run directory, checkpoint directory or None) from either: a checkpoint directory's run
+    directory is ``CKPT_DIR/run``; a run directory's checkpoint directory is its parent."""
+    if not target.exists():
+        raise CkptError(f"{target} does not exist", "pass the --ckpt-dir of the run (or its run/ directory), or a job id", ExitCode.NOT_FOUND)
+    if not target.is_dir():
+        raise CkptError(f"{target} is a file, not a checkpoint or run directory", "pass the --ckpt-dir of the run (or its run/ directory), or a job id", ExitCode.USAGE)
+    if (target / "events.jsonl").exists() or (target.name == RUN_DIR_NAME and not (target / RUN_DIR_NAME).exists()):
+        parent = target.parent
+        return target, parent if (parent / "LATEST").exists() or (parent / "index.jsonl").exists() else None
+    return target / RUN_DIR_NAME, target
+
+
+def _skipped_note(run_dir: Path, skipped: tuple[int, ...]) -> str | None:
+    from ckpt_tool.core.index import EventLog  # noqa: PLC0415
+
+    return EventLog((), skipped).skipped_note(str(run_dir / "events.jsonl"))
+
+
+def status(
+    target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
+    from ckpt_tool.slurm.commands import job_state  # noqa: PLC0415
+    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
+    from ckpt_tool.supervise.events import load_events  # noqa: PLC0415
+
+    report: dict[str, Any] = {}
+    events: list[dict[str, Any]] = []
+    notes: list[str] = []
+    job_id = target if target.isdigit() else None
+    if job_id is None:
+        run_dir, ckpt_dir = _locate(Path(target))
+        events, skipped = load_events(run_dir)
+        notes += [n for n in [_skipped_note(run_dir, skipped)] if n]
+        ids = [e.get("job_id") for e in events if e.get("job_id")]
+        job_id = str(ids[-1]) if ids else None
+        report["run_dir"] = str(run_dir)
+        if ckpt_dir is not None:
+            store = CheckpointStore(ckpt_dir)
+            latest = store.latest_or_none()
+            report["newest_checkpoint"] = latest
+            if latest is not None:
+                try:
+                    report["checkpoint_age_s"] = round(time.time() - store.read_manifest(latest).created_at, 1)
+                except CkptError as exc:
+                    notes.append(f"newest checkpoint: {exc.message}")
+    state = job_state(job_id) if job_id else None
+    report["job_id"] = job_id
+    report["job_state"] = state.state if state else None
+    report["slurm_restarts"] = state.restarts if state else None
+    job_events = [e for e in events if str(e.get("job_id", job_id)) == str(job_id)] if job_id else events
+    report["starts"] = sum(1 for e in job_events if e["event"] == "job_start")
+    report["requeues"] = sum(1 for e in events if e["event"] == "requeue")
+    report["in_allocation_restarts"] = sum(1 for e in events if e["event"] == "restarted")
+    finals = [e["event"] for e in events if e["event"] in ("job_finished", "job_failed", "cancelled", "max_requeues_reached", "requeue_failed", "crash_loop", "fatal")]
+    report["final"] = finals[-1] if finals else None
+    report["last_events"] = events[-8:]
+    report["notes"] = notes
+    if as_json:
+        print_json(report)
+        return
+    out.print(f"job [bold]{escape(report['job_id'] or '-')}[/]: {escape(report['job_state'] or 'unknown')}  starts {report['starts']}  requeues {report['requeues']}  restarts in allocation {report['in_allocation_restarts']}")
+    if "newest_checkpoint" in report:
+        age = report.get("checkpoint_age_s")
+        out.print(f"newest checkpoint: {'step ' + str(report['newest_checkpoint']) if report['newest_checkpoint'] is not None else 'none yet'}" + (f" ({age:.0f} s old)" if age is not None else ""))
+    if report["final"]:
+        out.print(f"final state: [bold]{report['final']}[/]")
+    for e in report["last_events"]:
+        out.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {escape(_details(e, e['event'] + ' '))}")
+    for text in notes:
+        err.print(f"[yellow]note:[/] {escape(text)}")
+
+
+def _details(e: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ("time", "event", "source", "argv", "run_id")) -> str:
+    return prefix + " ".join(f"{k}={human(v)}" for k, v in e.items() if k not in skip)
+
+
+def history(
+    target: Path = typer.Argument(..., help="A checkpoint directory or a run directory.", show_default=False),
+    as_json: bool = JsonOpt,
+) -> None:
+    """The run's timeline: saves, failures, restarts, requeues and rollbacks."""
+    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
+    from ckpt_tool.supervise.events import load_events  # noqa: PLC0415
+
+    run_dir, ckpt_dir = _locate(target)
+    records, skipped = load_events(run_dir)
+    timeline = [{"source": "run", **e} for e in records]
+    notes = [n for n in [_skipped_note(run_dir, skipped)] if n]
+    if ckpt_dir is not None and ckpt_dir.is_dir() and (ckpt_dir / "index.jsonl").exists():
+        log = CheckpointStore(ckpt_dir).event_log()
+        timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in log.events]
+        notes += [n for n in [log.skipped_note(str(ckpt_dir / "index.jsonl"))] if n]
+    if not timeline:
+        raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of the run (or its run/ directory)", ExitCode.NOT_FOUND)
+    timeline.sort(key=lambda e: e["time"])
+    if as_json:
+        print_json({"events": timeline, "notes": notes})
+        return
+    styles = {"hang": "red", "rank_exited": "red", "quarantine": "red", "crash_loop": "red", "fatal": "red", "job_failed": "red", "requeue": "yellow", "restarted": "yellow", "rollback": "yellow", "commit": "green"}
+    print_table(
+        [Column("time", terminal=lambda t: time.strftime("%m-%d %H:%M:%S", time.localtime(t)), full=lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))), Column("source"), Column("event", styles=styles), Column("details", terminal=lambda d: shorten(d, 120), full=str)],
+        [(e["time"], e["source"], e["event"], _details(e)) for e in timeline],
+        title=f"history of {target}",
+    )
+    for text in notes:
+        err.print(f"[yellow]note:[/] {escape(text)}")

@@ -2,30 +2,35 @@
 
 from __future__ import annotations
 
-import json
+import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from ckpt_tool.cli.output import Column, out, print_json, print_table
 from ckpt_tool.core.interval import plan_interval, waste_table
 from ckpt_tool.errors import CkptError, ExitCode
 
-console = Console()
+
+def _positive(option: str, value: float | None, allow_zero: bool = False) -> None:
+    """Refuse a value the user typed, naming the option and the value as typed."""
+    if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)):
+        raise CkptError(f"{option} must be a {'non-negative' if allow_zero else 'positive'} number, got {value:g}", "see `ckpt plan --help`", ExitCode.USAGE)
 
 
-def _step_seconds(run_dir: Path) -> float | None:
+def _step_seconds(run_dir: Path) -> float:
     """Median step duration `ckpt run` observed in this run directory."""
-    try:
-        steps = json.loads((run_dir / "timeouts.json").read_text())["durations"].get("step") or []
-    except (FileNotFoundError, ValueError, KeyError, AttributeError):
-        return None
-    steps = [s for s in steps if s > 0.001]  # phase switches inside a step record near-zero spans
-    return statistics.median(steps) if steps else None
+    from ckpt_tool.supervise.watchdog import DURATIONS_NAME, read_durations  # noqa: PLC0415
+
+    if not run_dir.is_dir():
+        raise CkptError(f"--run-dir {run_dir} is not a directory", "pass the run directory of `ckpt run` (CKPT_DIR/run), or --step-seconds", ExitCode.NOT_FOUND)
+    durations = read_durations(run_dir)
+    steps = [s for s in (durations.durations.get("step", []) if durations else []) if s > 0.001]  # phase switches record near-zero spans
+    if not steps:
+        raise CkptError(f"{run_dir} holds no measured step time ({DURATIONS_NAME} missing or without steps)", "run the job under `ckpt run` first, or give --step-seconds", ExitCode.NOT_FOUND)
+    return statistics.median(steps)
 
 
 def plan(
@@ -41,21 +46,24 @@ def plan(
     """Recommend a checkpoint interval (Young/Daly) and show goodput and waste per day around it."""
     if (mtbf_hours is None) == (gpus is None or gpu_mtbf_hours is None):
         raise CkptError("give either --mtbf-hours, or --gpus with --gpu-mtbf-hours", "e.g. ckpt plan --ckpt-seconds 90 --gpus 512 --gpu-mtbf-hours 50000", ExitCode.USAGE)
+    for option, value in (("--ckpt-seconds", ckpt_seconds), ("--mtbf-hours", mtbf_hours), ("--gpu-mtbf-hours", gpu_mtbf_hours), ("--step-seconds", step_seconds)):
+        _positive(option, value)
+    _positive("--restart-seconds", restart_seconds, allow_zero=True)
+    if step_seconds is not None and run_dir is not None:
+        raise CkptError("--step-seconds and --run-dir exclude each other", "give the step time, or the run directory to measure it from", ExitCode.USAGE)
     mtbf_s = (mtbf_hours if mtbf_hours is not None else gpu_mtbf_hours / gpus) * 3600  # type: ignore[operator]
-    if step_seconds is None and run_dir is not None:
+    if run_dir is not None:
         step_seconds = _step_seconds(run_dir)
     p = plan_interval(ckpt_seconds, mtbf_s, restart_seconds, step_seconds)
     if as_json:
-        sys.stdout.write(json.dumps({"interval_seconds": round(p.interval_s, 3), "interval_steps": p.interval_steps, "expected_goodput": round(p.goodput, 6), "young_seconds": round(p.young_s, 3), "mtbf_seconds": mtbf_s}) + "\n")
+        print_json({"interval_seconds": round(p.interval_s, 3), "interval_steps": p.interval_steps, "step_seconds": step_seconds, "expected_goodput": round(p.goodput, 6), "young_seconds": round(p.young_s, 3), "mtbf_seconds": mtbf_s})
         return
     steps = f" = {p.interval_steps} steps of {p.step_s:.3g} s" if p.interval_steps else ""
-    console.print(f"checkpoint every [bold]{p.interval_s / 60:.1f} min[/] of training{steps} (Young: {p.young_s / 60:.1f} min); expected goodput {p.goodput:.1%}")
-    table = Table(title=f"MTBF {mtbf_s / 3600:.2f} h, checkpoint {ckpt_seconds:g} s, restart {restart_seconds:g} s")
-    for col in ("interval", "goodput", "waste h/day", ""):
-        table.add_column(col, justify="right" if col else "left")
+    out.print(f"checkpoint every [bold]{p.interval_s / 60:.1f} min[/] of training{steps} (Young: {p.young_s / 60:.1f} min); expected goodput {p.goodput:.1%}")
     rows = waste_table(p)
     worst = max(r[2] for r in rows) or 1.0
-    for tau, g, waste in rows:
-        bar = "#" * max(1, round(30 * waste / worst))
-        table.add_row(f"{tau / 60:.1f} min" + (" *" if tau == p.interval_s else ""), f"{g:.2%}", f"{waste:.2f}", bar)
-    console.print(table)
+    print_table(
+        [Column("interval", justify="right"), Column("goodput", justify="right"), Column("waste h/day", "waste_hours_per_day", justify="right"), Column("", "bar")],
+        [(f"{tau / 60:.1f} min" + (" *" if tau == p.interval_s else ""), f"{g:.2%}", f"{waste:.2f}", "#" * max(1, round(30 * waste / worst))) for tau, g, waste in rows],
+        title=f"MTBF {mtbf_s / 3600:.2f} h, checkpoint {ckpt_seconds:g} s, restart {restart_seconds:g} s",
+    )

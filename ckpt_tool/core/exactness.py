@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 TRAJECTORY_KEYS: dict[str, str] = {
-    "world_size": "a different world size changes the reduction order (use `ckpt reshard` to plan it)",
+    "world_size": "a different world size changes the reduction order",
     "threads": "a different intra-op thread count changes floating-point summation order",
     "torch": "a different torch version may change kernels",
     "dtype": "a different parameter dtype changes every operation",
@@ -26,3 +26,21 @@ def trajectory_differences(saved: Mapping[str, Any], current: Mapping[str, Any])
         if key in saved and key in current and saved[key] != current[key]:
             reasons.append(f"{key}: checkpoint {saved[key]!r}, now {current[key]!r} ({why})")
     return reasons
+
+
+# How a check reproduces what the save ran under (``ckpt verify``): option or setting per key.
+REPRODUCE: dict[str, str] = {
+    "world_size": "--nproc {saved}",
+    "threads": "OMP_NUM_THREADS={saved}",
+    "torch": "torch=={saved}",
+}
+
+
+def how_to_reproduce(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The options or settings that make a re-run match the save where it differs, e.g.
+    ``["--nproc 2", "OMP_NUM_THREADS=1"]`` (dtype and device come from the model's own code)."""
+    return [
+        REPRODUCE[key].format(saved=saved[key])
+        for key in REPRODUCE
+        if key in saved and key in current and saved[key] != current[key]
+    ]

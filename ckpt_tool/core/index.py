@@ -1,9 +1,12 @@
-"""The checkpoint directory's index: one JSON object per line, appended under the lock.
+"""Event logs: one JSON object per line, appended (the checkpoint directory's ``index.jsonl`` and
+the run directory's ``events.jsonl`` share the shape ``{"event": str, "time": float, ...}``).
 
-Pure parsing and formatting. A crash can leave a torn last line; it is skipped, never fatal.
-Events: ``commit`` (step, bytes), ``validated`` / ``verified`` (step, ok, detail),
+Pure parsing and formatting. A crash can leave a torn last line; the next append starts a new
+line (``store.durable.append_line``), so only the torn record is lost. Lines that are not events
+are skipped and reported by number, never silently dropped.
+Index events: ``commit`` (step, bytes), ``validated`` / ``verified`` (step, ok, detail),
 ``quarantine`` (step, reason), ``rollback`` (from, to, reason), ``delete`` (step, reason),
-``cleanup`` (name, reason), ``roll_forward`` (step).
+``cleanup`` (name, reason), ``roll_forward`` (step), ``repair_latest`` (step, reason).
 """
 
 from __future__ import annotations
@@ -25,35 +28,81 @@ class IndexEvent:
         return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+@dataclass(frozen=True)
+class EventLog:
+    events: tuple[IndexEvent, ...]
+    skipped: tuple[int, ...] = ()  # 1-based numbers of the lines that are not events
+
+    def skipped_note(self, name: str) -> str | None:
+        """What a person should be told about the skipped lines, or None."""
+        if not self.skipped:
+            return None
+        lines = ", ".join(map(str, self.skipped[:10])) + (", ..." if len(self.skipped) > 10 else "")
+        return f"{name}: {len(self.skipped)} line(s) are not readable events and were skipped (line {lines}; a write cut short by a crash?)"
+
+
 def format_event(event: str, time: float, **data: Any) -> str:
     return json.dumps({"event": event, "time": time, **data}, sort_keys=True) + "\n"
 
 
-def parse_index(lines: Iterable[str]) -> list[IndexEvent]:
-    events = []
-    for line in lines:
+def parse_records(lines: Iterable[str]) -> tuple[list[dict[str, Any]], tuple[int, ...]]:
+    """The event records of a JSON-lines log, and the numbers of the lines that are not one."""
+    records, skipped = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             obj = json.loads(line)
         except ValueError:
-            continue  # torn write at a crash, or garbage: the index is advisory
+            obj = None
         if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
+            skipped.append(number)
             continue
+        records.append(obj)
+    return records, tuple(skipped)
+
+
+def parse_index(lines: Iterable[str]) -> EventLog:
+    records, skipped = parse_records(lines)
+    events = []
+    for obj in records:
         time = obj.get("time")
         data = {k: v for k, v in obj.items() if k not in ("event", "time")}
-        events.append(IndexEvent(obj["event"], float(time) if isinstance(time, (int, float)) else 0.0, data))
-    return events
+        events.append(IndexEvent(obj["event"], float(time) if isinstance(time, (int, float)) and not isinstance(time, bool) else 0.0, data))
+    return EventLog(tuple(events), skipped)
 
 
-def committed_steps(events: Iterable[IndexEvent]) -> list[int]:
-    """Steps committed and not later quarantined or deleted, in commit order (oldest first)."""
-    alive: dict[int, None] = {}
+@dataclass(frozen=True)
+class CheckState:
+    """What the index says of one step since its last commit: committed, validated, verified or invalid."""
+
+    status: str
+    validated_at: float | None = None
+
+
+def check_states(events: Iterable[IndexEvent]) -> dict[int, CheckState]:
+    """Per step: the outcome of the checks recorded since the step's last commit. A failed last
+    check makes it ``invalid``; a later pass makes it ``validated`` (or ``verified``) again."""
+    states: dict[int, CheckState] = {}
     for ev in events:
         step = ev.step
         if step is None:
             continue
-        if ev.event in ("commit", "roll_forward"):
-            alive.pop(step, None)
-            alive[step] = None
-        elif ev.event in ("quarantine", "delete"):
-            alive.pop(step, None)
-    return list(alive)
+        if ev.event in ("commit", "roll_forward") or (ev.event == "repair_latest" and step not in states):
+            states[step] = CheckState("committed")
+        elif ev.event in ("validated", "verified"):
+            current = states.get(step, CheckState("committed"))
+            validated_at = ev.time if ev.event == "validated" else current.validated_at
+            if not ev.data.get("ok"):
+                status = "invalid"
+            elif ev.event == "verified" or current.status != "verified":
+                status = ev.event
+            else:
+                status = current.status
+            states[step] = CheckState(status, validated_at)
+    return states
+
+
+def known_invalid(events: Iterable[IndexEvent]) -> set[int]:
+    """Steps whose last check since their last commit failed."""
+    return {step for step, state in check_states(events).items() if state.status == "invalid"}

@@ -8,6 +8,7 @@ so the step-parsing rule exists exactly once.
       index.jsonl                 append-only event log (commits, validations, quarantines)
       .lock                       filelock guarding commits, pointer moves and deletions
       .owner.json                 the job writing this directory (job id, host, pid, last seen)
+      run/                        the run's events (events.jsonl), sbatch scripts and job output
       step_00000040/              a committed checkpoint (manifest written last)
         ckpt_manifest.json
         .metadata  __0_0.distcp  __1_0.distcp ...   (PyTorch DCP)
@@ -22,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import Iterable
 
 LATEST_NAME = "LATEST"
 INDEX_NAME = "index.jsonl"
@@ -29,6 +31,7 @@ LOCK_NAME = ".lock"
 OWNER_NAME = ".owner.json"
 QUARANTINE_NAME = "quarantine"
 MANIFEST_NAME = "ckpt_manifest.json"
+RUN_DIR_NAME = "run"  # CKPT_DIR/run: the run's events, scripts and job output (`ckpt run`, `ckpt submit`)
 DCP_METADATA_NAME = ".metadata"
 STEP_DIGITS = 8
 MAX_STEP = 10**STEP_DIGITS - 1
@@ -113,3 +116,28 @@ def parse_pointer(text: str) -> int:
     if step is None or text not in (name, name + "\n"):
         raise ValueError(f"LATEST should hold one step directory name like 'step_00000040', found {text[:60]!r}")
     return step
+
+
+class DirectoryKind(Enum):
+    """What a directory handed to a ``ckpt`` command turns out to be."""
+
+    CHECKPOINTS = "checkpoints"  # ckpt-tool's: LATEST, the index, step directories...
+    EMPTY = "empty"
+    ONE_CHECKPOINT = "one checkpoint"  # a step_N directory itself
+    PLAIN_DCP = "plain DCP"  # torch's own dcp.save output: .metadata and .distcp files
+    OTHER = "other"
+
+
+_OURS = {LATEST_NAME, INDEX_NAME, OWNER_NAME, QUARANTINE_NAME, LOCK_NAME, RUN_DIR_NAME}
+
+
+def classify_directory(name: str, entries: Iterable[str]) -> DirectoryKind:
+    """Classify a directory by its own name and the names it holds (one listing, no reads)."""
+    names = set(entries)
+    if names & _OURS or any(parse_entry(n) is not None for n in names):
+        return DirectoryKind.CHECKPOINTS
+    if MANIFEST_NAME in names or parse_step_dir_name(name) is not None:
+        return DirectoryKind.ONE_CHECKPOINT
+    if DCP_METADATA_NAME in names or any(_DCP_SHARD_RE.match(n) or n.endswith(".distcp") for n in names):
+        return DirectoryKind.PLAIN_DCP
+    return DirectoryKind.EMPTY if not names else DirectoryKind.OTHER

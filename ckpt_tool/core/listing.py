@@ -1,9 +1,12 @@
-"""What ``ckpt list`` shows: one row per checkpoint with its status. Pure.
+"""What ``ckpt list`` shows: every step directory it finds, with its status. Pure.
 
-Status order: partial (a save in progress or left by a crash) < committed (manifest present) <
-validated (hashes checked) < verified (probe checks passed); ``invalid`` when the last check
-failed; ``quarantined`` when moved aside. Summaries come from the index's commit events, so
-listing reads no manifest (``summaries`` fills in steps the index does not know).
+Statuses: ``partial`` (a save in progress, or left by a crash) < ``committed`` (manifest present)
+< ``validated`` (hashes checked) < ``verified`` (probe checks passed); ``invalid`` when the last
+check failed; ``damaged`` for a step directory without a manifest (a commit writes it before the
+directory gets its name, so its absence is damage); ``deleting`` for a retention delete cut
+short; ``missing`` for the step LATEST names when its directory is gone; ``quarantined`` when moved
+aside. Summaries come from the index's commit events, so listing reads no manifest for steps the
+index describes (``summaries`` fills in the others).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.index import IndexEvent
+from ckpt_tool.core.index import CheckState, IndexEvent, check_states
 
 
 @dataclass(frozen=True)
@@ -32,47 +35,44 @@ class Row:
         return dict(self.__dict__)
 
 
-def _status(step: int, events_by_step: Mapping[int, list[IndexEvent]]) -> tuple[str, float | None]:
-    status, validated_at = "committed", None
-    for ev in events_by_step.get(step, []):
-        if ev.event in ("commit", "roll_forward"):
-            status = "committed"
-        elif ev.event in ("validated", "verified"):
-            ok = bool(ev.data.get("ok"))
-            if ev.event == "validated":
-                validated_at = ev.time
-            if not ok:
-                status = "invalid"
-            elif ev.event == "verified" or status != "verified":
-                status = ev.event
-    return status, validated_at
+@dataclass(frozen=True)
+class Listing:
+    rows: tuple[Row, ...]
+    latest: int | None  # the step LATEST names (None: no LATEST, or unreadable)
+    latest_problem: str | None  # why LATEST cannot be trusted: garbage, a missing or damaged step
+    notes: tuple[str, ...] = ()  # skipped index lines and the like
+
+    def to_json(self, root: str) -> dict[str, Any]:
+        return {
+            "directory": root,
+            "latest": self.latest,
+            "latest_problem": self.latest_problem,
+            "checkpoints": [r.to_json() | {"path": f"{root}/{r.path}"} for r in self.rows],
+            "notes": list(self.notes),
+        }
 
 
 def build_rows(
-    committed: Iterable[int],
+    step_dirs: Mapping[int, bool],
     partial: Iterable[int],
+    deleting: Iterable[int],
     quarantined: Iterable[tuple[int, str]],
     events: Iterable[IndexEvent],
     latest: int | None,
     summaries: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[Row]:
-    by_step: dict[int, list[IndexEvent]] = {}
-    last_commit: dict[int, Mapping[str, Any]] = {}
-    for ev in events:
-        if ev.step is None:
-            continue
-        if ev.event == "commit":
-            by_step[ev.step] = []  # a new commit of the step starts its history afresh
-            last_commit[ev.step] = ev.data
-        by_step.setdefault(ev.step, []).append(ev)
+    """``step_dirs``: every ``step_N`` directory -> whether it holds a manifest."""
+    events = list(events)
+    states = check_states(events)
+    last_commit = {ev.step: ev.data for ev in events if ev.event == "commit" and ev.step is not None}
     rows = []
-    for step in committed:
+    for step, has_manifest in step_dirs.items():
         info = {**(summaries or {}).get(step, {}), **last_commit.get(step, {})}
-        status, validated_at = _status(step, by_step)
+        state = states.get(step, CheckState("committed"))
         rows.append(
             Row(
                 step,
-                status,
+                state.status if has_manifest else "damaged",
                 step == latest,
                 layout.step_dir_name(step),
                 info.get("bytes"),
@@ -80,9 +80,26 @@ def build_rows(
                 info.get("global_batch"),
                 info.get("probe_loss"),
                 info.get("created_at"),
-                validated_at,
+                state.validated_at,
             )
         )
+    if latest is not None and latest not in step_dirs:
+        rows.append(Row(latest, "missing", True, layout.step_dir_name(latest)))
     rows += [Row(step, "partial", False, layout.partial_dir_name(step)) for step in partial]
-    rows += [Row(step, "quarantined", False, f"quarantine/{name}") for step, name in quarantined]
+    rows += [Row(step, "deleting", False, layout.deleting_dir_name(step)) for step in deleting]
+    rows += [Row(step, "quarantined", False, f"{layout.QUARANTINE_NAME}/{name}") for step, name in quarantined]
     return sorted(rows, key=lambda r: (r.step, r.status))
+
+
+def latest_problem(latest: int | None, pointer_error: str | None, step_dirs: Mapping[int, bool], any_checkpoint: bool) -> str | None:
+    """Why LATEST cannot be trusted, in words; None when it names a committed step (or when the
+    directory has no checkpoint at all, so a missing LATEST is expected)."""
+    if pointer_error is not None:
+        return pointer_error
+    if latest is None:
+        return "LATEST is missing although checkpoints exist" if any_checkpoint else None
+    if latest not in step_dirs:
+        return f"LATEST names step {latest}, whose directory is missing"
+    if not step_dirs[latest]:
+        return f"LATEST names step {latest}, which has no manifest (damaged)"
+    return None

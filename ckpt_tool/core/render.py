@@ -13,12 +13,16 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from string import Template
+from typing import Sequence
 
 from ckpt_tool.errors import CkptError, ExitCode
 
 SLURM_WARNING_JITTER_S = 60  # slurmctld checks time limits every 30 s: the signal comes 30-60 s early
 MIN_SIGNAL_LEAD_S = 120
 _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-\[\]]+$")
+# --constraint has its own grammar: features joined by & (and), | (or), [..] (matching or),
+# *N (counts), parentheses and ! (not), e.g. "a100&ib" or "[rack1|rack2]".
+_CONSTRAINT_VALUE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-\[\]&|*()!]+$")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{1,2}){0,2}$")
 
 
@@ -59,10 +63,14 @@ class JobSpec:
             raise CkptError("--max-requeues, --max-restarts and --gpus-per-node must be >= 0", "see `ckpt submit --help`", ExitCode.USAGE)
         if self.time is not None and not _TIME.match(self.time):
             raise CkptError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS, D-HH:MM...)", "e.g. --time 24:00:00", ExitCode.USAGE)
-        for name in ("partition", "account", "qos", "constraint", "job_name", "mem"):
+        for name in ("partition", "account", "qos", "job_name", "mem"):
             value = getattr(self, name)
             if value is not None and not _DIRECTIVE_VALUE.match(value):
                 raise CkptError(f"--{name.replace('_', '-')} {value!r} holds characters SLURM would misread", "use letters, digits and . _ - , : = + @ % / [ ]", ExitCode.USAGE)
+        if self.constraint is not None and not _CONSTRAINT_VALUE.match(self.constraint):
+            raise CkptError(f"--constraint {self.constraint!r} holds characters SLURM would misread", "features with & | [ ] * ( ) !, letters, digits and . _ - , : = + @ % /, no spaces; e.g. --constraint 'a100&ib'", ExitCode.USAGE)
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise CkptError("--cpus-per-task must be >= 1", "see `ckpt submit --help`", ExitCode.USAGE)
         for key, _ in self.env:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise CkptError(f"--env {key!r} is not a valid variable name", "use NAME=VALUE", ExitCode.USAGE)
@@ -77,6 +85,17 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
+
+
+def option_value(argv: Sequence[str], option: str) -> str | None:
+    """The value of ``option`` in a command line (``--opt VALUE`` or ``--opt=VALUE``; the last wins)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(option + "="):
+            found = arg[len(option) + 1 :]
+    return found
 
 
 def signal_lead(checkpoint_seconds: float | None) -> int:

@@ -41,27 +41,36 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def plan_batch(old: BatchConfig, new_dp: int, micro_batch: int | None = None) -> ReshardPlan:
-    """Keep the global batch on ``new_dp`` data-parallel ranks (``micro_batch``: a preference)."""
-    if not isinstance(new_dp, int) or new_dp < 1:
+def plan_batch(old: BatchConfig, new_dp: int, micro_batch: int | None = None, prefer: int | None = None) -> ReshardPlan:
+    """Keep the global batch on ``new_dp`` data-parallel ranks.
+
+    ``micro_batch`` is a demand (``--micro-batch``): refused when it does not divide the per-rank
+    share. ``prefer`` is a wish (the run's own micro-batch): kept when it divides, else the
+    largest micro-batch below it that does. Without either, the old micro-batch is the wish."""
+    if not isinstance(new_dp, int) or isinstance(new_dp, bool) or new_dp < 1:
         raise CkptError(f"world size must be a positive integer, got {new_dp!r}", "e.g. --world-size 48", ExitCode.USAGE)
     g = old.global_batch
     if g % new_dp:
         divisors = _divisors(g)
-        near_sizes = [d for d in (max((d for d in divisors if d < new_dp), default=None), min((d for d in divisors if d > new_dp), default=None)) if d]
-        lower, upper = (g // new_dp) * new_dp, (g // new_dp + 1) * new_dp
+        near_sizes = sorted({d for d in (max((d for d in divisors if d < new_dp), default=None), min((d for d in divisors if d > new_dp), default=None)) if d})
+        multiples = sorted({m for m in ((g // new_dp) * new_dp, (g // new_dp + 1) * new_dp) if m > 0})
         raise CkptError(
             f"global batch {g} cannot be split over {new_dp} data-parallel ranks ({g} is not divisible by {new_dp})",
-            f"use a world size that divides {g} (nearest: {', '.join(map(str, sorted(near_sizes)))}), "
-            f"or change the global batch on purpose to {lower or upper} or {upper} (which changes the optimisation)",
+            f"use a world size that divides {g} (nearest: {' or '.join(map(str, near_sizes))}), "
+            f"or change the global batch on purpose to {' or '.join(map(str, multiples))} (a multiple of {new_dp}; this changes the optimisation)",
             ExitCode.CONFLICT,
         )
     per_rank = g // new_dp  # samples each rank handles per step = micro x accum
-    wanted = micro_batch or old.micro_batch
-    if per_rank % wanted == 0:
-        micro = wanted
-    else:
-        micro = max(d for d in _divisors(per_rank) if d <= wanted)
+    if micro_batch is not None:
+        if micro_batch < 1 or per_rank % micro_batch:
+            raise CkptError(
+                f"--micro-batch {micro_batch} does not divide the {per_rank} samples each of the {new_dp} ranks handles per step (global batch {g})",
+                f"micro-batches that do: {', '.join(map(str, _divisors(per_rank)))}",
+                ExitCode.USAGE,
+            )
+        return ReshardPlan(old, BatchConfig(micro_batch, per_rank // micro_batch, new_dp))
+    wanted = prefer or old.micro_batch
+    micro = max(d for d in _divisors(per_rank) if d <= wanted)
     return ReshardPlan(old, BatchConfig(micro, per_rank // micro, new_dp))
 
 
@@ -75,11 +84,19 @@ def step_slices(position: int, batch: BatchConfig) -> dict[tuple[int, int], tupl
     return out
 
 
-def check_shapes(shapes: dict[str, tuple[int, ...]], world_size: int) -> list[str]:
+@dataclass(frozen=True)
+class ShapeProblem:
+    """A tensor whose first dimension has fewer rows than there would be ranks."""
+
+    name: str
+    rows: int
+    ranks: int
+
+    def __str__(self) -> str:
+        return f"{self.name}: dim 0 has {self.rows} rows, fewer than {self.ranks} ranks"
+
+
+def check_shapes(shapes: dict[str, tuple[int, ...]], world_size: int) -> list[ShapeProblem]:
     """Problems that stop a load at ``world_size``: every sharded tensor (dim 0) needs at least
     one row per rank (FSDP2 shards dim 0; fewer rows leave ranks empty)."""
-    return [
-        f"{name}: dim 0 has {shape[0]} rows, fewer than {world_size} ranks"
-        for name, shape in sorted(shapes.items())
-        if len(shape) >= 1 and shape[0] < world_size
-    ]
+    return [ShapeProblem(name, shape[0], world_size) for name, shape in sorted(shapes.items()) if len(shape) >= 1 and shape[0] < world_size]

@@ -1,17 +1,21 @@
 """Retention: which committed checkpoints may be deleted after a new one is committed.
 
 Pure. Rules (the store applies them only after a newer checkpoint is committed):
-- keep the newest ``keep_last`` committed steps;
+- keep the newest ``keep_last`` committed steps **that are valid as far as anyone knows**: a step
+  whose last check failed (``invalid`` in the index) neither counts towards ``keep_last`` nor is
+  deleted here (it is evidence; ``ckpt rollback`` moves it to quarantine);
 - keep every step divisible by ``keep_every`` (long-term snapshots), when set;
-- never delete the step LATEST names (the newest valid checkpoint), even if it is older than
-  others (after a rollback the newer ones are quarantined, not deleted);
+- never delete the step LATEST names, even if it is older than others (after a rollback the
+  newer ones are quarantined, not deleted), nor anything newer than LATEST;
 - quarantined checkpoints are not in the candidate list at all: they live in ``quarantine/``.
+The store adds the last rule that needs the disk: a delete happens only while a kept checkpoint
+is known to pass validation (the one just committed, or one validated right before deleting).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Collection, Iterable
 
 
 @dataclass(frozen=True)
@@ -27,11 +31,17 @@ class RetentionPolicy:
         if self.keep_every is not None and (not isinstance(self.keep_every, int) or self.keep_every < 1):
             raise ValueError(f"keep_every must be a positive integer or None, got {self.keep_every!r}")
 
+    def describe(self) -> str:
+        every = f" and every step divisible by {self.keep_every}" if self.keep_every else ""
+        return f"keep the last {self.keep_last}{every}"
 
-def steps_to_delete(committed: Iterable[int], latest: int | None, policy: RetentionPolicy) -> list[int]:
-    """Steps to delete, oldest first. ``committed`` are the committed step directories on disk."""
+
+def steps_to_delete(committed: Iterable[int], latest: int | None, policy: RetentionPolicy, invalid: Collection[int] = ()) -> list[int]:
+    """Steps to delete, oldest first. ``committed`` are the committed step directories on disk,
+    ``invalid`` the steps whose last recorded check failed."""
     steps = sorted(set(committed))
-    keep = set(steps[-policy.keep_last :])
+    trusted = [s for s in steps if s not in invalid]
+    keep = set(trusted[-policy.keep_last :]) | {s for s in steps if s in invalid}
     if policy.keep_every is not None:
         keep.update(s for s in steps if s % policy.keep_every == 0)
     if latest is not None:
@@ -39,3 +49,9 @@ def steps_to_delete(committed: Iterable[int], latest: int | None, policy: Retent
         # Nothing newer than LATEST is ours to judge here (a rollback or roll-forward decides).
         keep.update(s for s in steps if s > latest)
     return [s for s in steps if s not in keep]
+
+
+def kept_candidates(committed: Iterable[int], victims: Collection[int], invalid: Collection[int]) -> list[int]:
+    """The kept steps that may vouch for the directory (not known invalid), newest first: one
+    of them must pass validation before anything is deleted."""
+    return sorted((s for s in set(committed) if s not in victims and s not in invalid), reverse=True)

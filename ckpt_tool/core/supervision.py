@@ -21,6 +21,7 @@ class Beat:
     time: float  # when the supervisor received it (its own monotonic clock)
     attempt: int = 0  # torchrun's restart count
     ckpt: int | None = None  # newest checkpoint the rank knows committed
+    resumed_from: int | None = None  # the checkpoint this attempt resumed from (None: fresh start)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,12 @@ class CrashLoopBreaker:
         self.last_ckpt = newest_ckpt
         return self.stalled >= self.limit
 
-    def message(self) -> str:
-        where = f"checkpoint step {self.last_ckpt}" if self.last_ckpt is not None else "the start (no checkpoint yet)"
-        return f"crash loop: {self.stalled} failures in a row without progress past {where}; not restarting again"
+    def message(self, on_disk: int | None = None) -> str:
+        """``on_disk``: the newest checkpoint in the directory, when the supervisor knows it (the
+        ranks may have failed before they could say which one they resumed from)."""
+        newest = self.last_ckpt if self.last_ckpt is not None else on_disk
+        if newest is not None:
+            where = f"past checkpoint step {newest}"
+        else:
+            where = "before any checkpoint was loaded or saved"
+        return f"crash loop: {self.stalled} failures in a row without a new checkpoint ({where}); not restarting again"

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from torch import nn
 
 from ckpt_tool.core.batch import BatchConfig, resolve_batch
 from ckpt_tool.core.retention import RetentionPolicy
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
@@ -218,9 +218,17 @@ def stall_once(ckpt_dir: Path, step: int, seconds: float) -> None:
 
 
 # ----------------------------------------------------------------------------- main
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """Bad arguments are a configuration error: tell `ckpt run` (no restart), then exit 2."""
+        heartbeat().fatal(ExitCode.USAGE, f"{self.prog}: {message}")
+        super().error(message)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ckpt_tool.recipes.tiny_gpt", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ckpt-dir", type=Path, required=True)
+    p = _Parser(prog="python -m ckpt_tool.recipes.tiny_gpt", description=__doc__.split("\n\n")[0])
+    exported = os.environ.get("CKPT_DIR")  # set by `ckpt run --ckpt-dir` and `ckpt submit`
+    p.add_argument("--ckpt-dir", type=Path, required=not exported, default=Path(exported) if exported else None, help="default: $CKPT_DIR")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--metrics", type=Path, required=True)
@@ -253,9 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         return train(args, rank, world)
-    except CkptError as exc:
+    except CkptError as exc:  # keep its exit code: 2 and 4 are not restarted by `ckpt run`
         print(f"rank {rank}: error: {exc.message}\n  hint: {exc.hint}", file=sys.stderr)
-        return 2
+        if exc.exit_code in RESTART_CANNOT_HELP:
+            heartbeat().fatal(exc.exit_code, str(exc))
+        return exc.exit_code
     finally:
         dist.destroy_process_group()
 

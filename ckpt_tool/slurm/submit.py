@@ -9,7 +9,6 @@ script through a submitit executor and returns submitit's job object (job id, ca
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 from dataclasses import replace
 from importlib.resources import files
@@ -19,9 +18,12 @@ from typing import Any, Sequence
 import submitit
 
 from ckpt_tool import __version__, config
-from ckpt_tool.core.render import JobSpec, render, signal_lead
+from ckpt_tool.core.layout import RUN_DIR_NAME
+from ckpt_tool.core.render import JobSpec, option_value, render, signal_lead
+from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.supervise.events import note
+from ckpt_tool.supervise.watchdog import read_durations
 
 
 def template() -> str:
@@ -30,19 +32,34 @@ def template() -> str:
 
 def measured_checkpoint_seconds(run_dir: Path) -> float | None:
     """The longest checkpoint phase `ckpt run` observed in this run directory, if any."""
-    try:
-        durations = json.loads((run_dir / "timeouts.json").read_text())["durations"].get("checkpoint") or []
-    except (FileNotFoundError, ValueError, KeyError, AttributeError):
-        return None
-    return max(durations) if durations else None
+    durations = read_durations(run_dir)
+    samples = durations.durations.get("checkpoint") if durations is not None else None
+    return max(samples) if samples else None
+
+
+def check_ckpt_dir_agrees(command: Sequence[str], ckpt_dir: Path) -> None:
+    """The training command's own ``--ckpt-dir``, when it has one, must be the job's: the chain
+    (recover, status, requeue) watches one directory, the training must write there."""
+    given = option_value(command, "--ckpt-dir")
+    if given is not None and Path(given).absolute() != ckpt_dir.absolute():
+        raise CkptError(
+            f"the training command writes checkpoints to {given}, but --ckpt-dir is {ckpt_dir}",
+            "give both the same directory, or leave --ckpt-dir out of the training command: the job exports CKPT_DIR (the reference recipe reads it)",
+            ExitCode.USAGE,
+        )
 
 
 def prepare(command: Sequence[str], ckpt_dir: Path, run_dir: Path | None = None, signal_lead_s: int | None = None, **options: Any) -> tuple[JobSpec, str]:
+    """The job spec and its script; ``options`` are ``JobSpec`` fields. Missing SLURM settings
+    come from ``ckpt.toml`` / ``[tool.ckpt]``; each node's task gets at least one CPU per rank."""
+    check_ckpt_dir_agrees(command, ckpt_dir)
     ckpt_dir = ckpt_dir.absolute()
-    run_dir = (run_dir or ckpt_dir / "run").absolute()
-    for key in ("time", "partition", "account", "qos", "constraint"):
+    run_dir = (run_dir or ckpt_dir / RUN_DIR_NAME).absolute()
+    for key in ("time", "partition", "account", "qos", "constraint", "mem", "cpus_per_task"):
         if options.get(key) is None:
             options[key] = config.default(key)
+    if options.get("cpus_per_task") is None:
+        options["cpus_per_task"] = options.get("nproc_per_node", 1)  # one `ckpt run` task per node holds all its ranks
     spec = JobSpec(
         command=tuple(command),
         ckpt_dir=str(ckpt_dir),

@@ -54,11 +54,23 @@ def hash_files(
     step: int,
     threads: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    on_error: Callable[[str, OSError], None] | None = None,
 ) -> list[FileDigest]:
-    """Hash ``names`` inside ``directory`` in parallel; result in the order of ``names``."""
+    """Hash ``names`` inside ``directory`` in parallel; result in the order of ``names``. With
+    ``on_error``, a file that cannot be read is reported there and left out, not raised."""
     names = list(names)
     if not names:
         return []
+
+    def one(name: str) -> FileDigest | None:
+        try:
+            return hash_file(directory / name, binding_seed(run_id, step, name), on_bytes)
+        except OSError as exc:
+            if on_error is None:
+                raise
+            on_error(name, exc)
+            return None
+
     workers = max(1, min(len(names), threads or min(8, (os.cpu_count() or 2))))
     with ThreadPoolExecutor(workers, thread_name_prefix="ckpt-hash") as pool:
-        return list(pool.map(lambda n: hash_file(directory / n, binding_seed(run_id, step, n), on_bytes), names))
+        return [d for d in pool.map(one, names) if d is not None]

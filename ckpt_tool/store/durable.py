@@ -46,10 +46,17 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 def append_line(path: Path, line: str, mode: int = 0o644) -> None:
-    """Append one line and fsync it (callers hold the directory lock)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
+    """Append one line and fsync it. A last line left without its newline (a crash mid-append)
+    is ended first, so the new record never glues onto the torn one and both stay readable."""
+    data = line.encode()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, mode)
     try:
-        os.write(fd, line.encode())
+        end = os.fstat(fd).st_size
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            data = b"\n" + data
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -34,8 +34,9 @@ import psutil
 
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, TimeoutPolicy, calibrate
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise import channel
 from ckpt_tool.supervise.events import note
 from ckpt_tool.supervise.processes import kill_tree
@@ -47,6 +48,7 @@ DURATIONS_NAME = "timeouts.json"
 class RunConfig:
     command: tuple[str, ...]  # the training script and its arguments, or ("-m", module, ...)
     run_dir: Path
+    ckpt_dir: Path | None = None  # exported to the ranks as CKPT_DIR; its LATEST names the newest checkpoint
     nproc_per_node: int = 1
     nnodes: str = "1"
     rdzv_endpoint: str | None = None
@@ -86,8 +88,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def read_durations(run_dir: Path) -> DurationLog | None:
+    """The phase durations ``ckpt run`` observed in ``run_dir`` (its ``timeouts.json``), or None
+    when it has none yet or the file is unreadable. The one reader of the file it writes."""
+    try:
+        data = json.loads((run_dir / DURATIONS_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return DurationLog.from_json(data.get("durations")) if isinstance(data, dict) else None
+
+
 class Watchdog:
-    def __init__(self, cfg: RunConfig, report: Callable[[str], None] = print, status: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """``report`` gets every event record as it is logged; ``status`` the live state of the ranks."""
+
+    def __init__(self, cfg: RunConfig, report: Callable[[dict[str, Any]], None] = print, status: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.cfg = cfg
         self.report = report
         self.status = status
@@ -104,13 +118,12 @@ class Watchdog:
         self.stop_at: float | None = None
         self.stop_sent = False
         self.stopped_step: int | None = None
+        self.fatal: dict[str, Any] | None = None  # a rank's error that a restart cannot fix
         self.durations = DurationLog()
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
-        note(self.cfg.run_dir, event, attempt=self.attempt, **data)
-        detail = ", ".join(f"{k}={v}" for k, v in data.items())
-        self.report(f"[ckpt run] {event}: {detail}" if detail else f"[ckpt run] {event}")
+        self.report(note(self.cfg.run_dir, event, attempt=self.attempt, **data))
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -120,6 +133,8 @@ class Watchdog:
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
         env = {**os.environ, channel.ENV_SOCKET: str(sock_path), "CKPT_RUN_DIR": str(self.cfg.run_dir)}
+        if self.cfg.ckpt_dir is not None:
+            env["CKPT_DIR"] = str(self.cfg.ckpt_dir)
         argv = torchrun_argv(self.cfg)
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
         self.event("start", argv=argv, timeouts=self.timeouts())
@@ -149,12 +164,16 @@ class Watchdog:
                 self._handle(message, now)
             if self.stop_at is not None and not self.stop_sent:
                 self._send_stop(sock)
+            if self.fatal is not None:
+                self.event("fatal", **self.fatal, note="a restart cannot fix this: not restarted")
+                kill_tree([proc.pid], self.cfg.grace_s)
+                return int(self.fatal["exit_code"])
             rc = proc.poll()
             if rc is not None:
                 return self._finished(rc)
             self._check_deaths()
             if self.breaker.stalled >= self.breaker.limit:
-                self.event("crash_loop", message=self.breaker.message())
+                self.event("crash_loop", message=self.breaker.message(self._latest_on_disk()))
                 kill_tree([proc.pid], self.cfg.grace_s)
                 return ExitCode.CRASH_LOOP
             if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
@@ -188,8 +207,14 @@ class Watchdog:
         if m.get("event") == "exiting":
             self.exited_cleanly.add(m["pid"])
             return
+        if m.get("event") == "fatal":
+            code = m.get("exit_code")
+            if self.fatal is None and isinstance(code, int) and code in RESTART_CANNOT_HELP:
+                self.fatal = {"rank": m["rank"], "exit_code": code, "message": str(m.get("message", ""))}
+            return
         try:
-            beat = Beat(m["rank"], m["pid"], int(m["step"]), str(m["phase"]), now, int(m.get("attempt", 0)), m.get("ckpt"))
+            resumed_from = m.get("resumed_from")
+            beat = Beat(m["rank"], m["pid"], int(m["step"]), str(m["phase"]), now, int(m.get("attempt", 0)), m.get("ckpt"), None if resumed_from is None else int(resumed_from))
         except (KeyError, TypeError, ValueError):
             return
         if beat.attempt < self.attempt or beat.attempt in self.closed_attempts:
@@ -201,10 +226,10 @@ class Watchdog:
             self.attempt, self.beats = beat.attempt, {}
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
-        resumed = beat.attempt > 0 or beat.ckpt is not None  # a restart, or a (re)start from a checkpoint
-        if resumed and beat.phase == "step" and beat.attempt not in self.resumed_logged:
+        # a (re)start that loaded a checkpoint (not a fresh start that has since saved one)
+        if beat.resumed_from is not None and beat.phase == "step" and beat.attempt not in self.resumed_logged:
             self.resumed_logged.add(beat.attempt)
-            self.event("resumed", rank=beat.rank, step=beat.step, checkpoint=beat.ckpt)
+            self.event("resumed", rank=beat.rank, step=beat.step, checkpoint=beat.resumed_from)
         previous = self.beats.get(beat.rank)
         if previous is not None and (previous.phase != beat.phase or previous.step != beat.step):
             self.durations.add(previous.phase, now - previous.time)
@@ -260,16 +285,20 @@ class Watchdog:
             self.stop_sent = True
             self.event("stop_requested", ranks=sorted(self.beats), note="checkpoint at the next step, then exit for requeue")
 
+    def _latest_on_disk(self) -> int | None:
+        if self.cfg.ckpt_dir is None:
+            return None
+        try:
+            return CheckpointStore(self.cfg.ckpt_dir).latest_or_none()
+        except CkptError:
+            return None
+
     # ------------------------------------------------------------------ timeouts
     def timeouts(self) -> dict[str, float]:
         return calibrate(self.durations.durations, self.cfg.timeouts)
 
     def _load_durations(self) -> None:
-        path = self.cfg.run_dir / DURATIONS_NAME
-        try:
-            self.durations = DurationLog.from_json(json.loads(path.read_text()).get("durations"))
-        except (FileNotFoundError, ValueError, AttributeError):
-            self.durations = DurationLog()
+        self.durations = read_durations(self.cfg.run_dir) or DurationLog()
 
     def _save_durations(self) -> None:
         data = {"durations": self.durations.to_json(), "timeouts": self.timeouts()}

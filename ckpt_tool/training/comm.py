@@ -7,10 +7,12 @@ crashes gloo ("collective mismatch"). Without torch.distributed everything degra
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from ckpt_tool.errors import CkptError
 
 T = TypeVar("T")
 
@@ -39,6 +41,21 @@ class Comm:
         box = [value]
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
         return box[0]
+
+    def on_coordinator(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on rank 0 alone; every rank gets its result, or raises the ``CkptError``
+        it raised (no rank is left waiting in a collective for a rank that failed)."""
+        result: Any = None
+        error: CkptError | None = None
+        if self.is_coordinator:
+            try:
+                result = fn()
+            except CkptError as exc:
+                error = exc
+        result, error = self.broadcast((result, error))
+        if error is not None:
+            raise error
+        return result
 
     def all_gather(self, value: T) -> list[T]:
         if not self.distributed:

@@ -51,7 +51,7 @@ def commit_staged(
         try:
             store.commit(step, make_manifest(tuple(sorted((e for es in gathered for e in es), key=lambda e: e.path))))
             if retention is not None:
-                store.apply_retention(retention)
+                store.apply_retention(retention, known_good=step)  # hashed as it was written
         except CkptError as exc:  # keeps its hint and exit code (a directory taken over: 4)
             error = CkptError(f"commit of step {step} failed: {exc.message}", exc.hint, exc.exit_code)
         except OSError as exc:

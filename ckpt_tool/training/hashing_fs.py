@@ -24,7 +24,7 @@ import xxhash
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from ckpt_tool.core.manifest import FileEntry
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import FileDigest
 
 FILE_MODE = 0o644
@@ -90,8 +90,15 @@ class HashingFileSystem(FileSystem):
         entry = self.expected.get(name) if self.expected is not None else None
         if entry is None:
             raise CkptError(f"{path} is not listed in the checkpoint's manifest: refused to load it", "run `ckpt validate` and `ckpt rollback`")
-        with open(path, "rb") as f:
-            data = f.read(entry.bytes + 1)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(entry.bytes + 1)
+        except PermissionError:
+            raise CkptError(
+                f"permission denied reading {path}: it was not loaded (this is not damage)",
+                "run as the user who owns the checkpoint, or ask them to grant read access",
+                ExitCode.USAGE,
+            ) from None
         digest = xxhash.xxh3_128_hexdigest(data, seed=self.seed_for(name))
         if len(data) != entry.bytes or digest != entry.hash:
             raise CkptError(

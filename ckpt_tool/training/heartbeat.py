@@ -33,7 +33,9 @@ class Heartbeat:
         self.step = 0
         self.current = "init"
         self.ckpt: int | None = None
+        self.resumed_from: int | None = None  # the checkpoint this attempt resumed from
         self._stop = False
+        self._fatal_sent = False
         self._sock: socket.socket | None = None
         self._addr: Path | None = None
         if supervisor:
@@ -53,7 +55,16 @@ class Heartbeat:
             self.current = phase
         if self._sock is None:
             return
-        message = {"rank": self.rank, "pid": os.getpid(), "step": self.step, "phase": self.current, "attempt": self.attempt, "ckpt": self.ckpt, "addr": str(self._addr)}
+        message = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "step": self.step,
+            "phase": self.current,
+            "attempt": self.attempt,
+            "ckpt": self.ckpt,
+            "resumed_from": self.resumed_from,
+            "addr": str(self._addr),
+        }
         channel.send(self._sock, self.supervisor, message)
 
     def send_event(self, event: str, **data: object) -> None:
@@ -71,6 +82,18 @@ class Heartbeat:
 
     def checkpoint_committed(self, step: int) -> None:
         self.ckpt = step
+
+    def resumed(self, step: int) -> None:
+        """This attempt continues from checkpoint ``step`` (not a fresh start)."""
+        self.resumed_from = self.ckpt = step
+
+    def fatal(self, exit_code: int, message: str) -> None:
+        """Tell the supervisor this rank stops on an error a restart cannot fix (bad arguments,
+        a checkpoint that does not fit): ``ckpt run`` then stops the job at once with
+        ``exit_code`` and this message instead of restarting it into the same error."""
+        if not self._fatal_sent:
+            self._fatal_sent = True
+            self.send_event("fatal", exit_code=int(exit_code), message=message[:2000])
 
     def request_stop(self) -> None:
         self._stop = True

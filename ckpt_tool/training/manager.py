@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import atexit
 import errno
-import shutil
+import functools
 import logging
 import os
+import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -47,7 +49,7 @@ from ckpt_tool.core.ownership import Owner
 from ckpt_tool.core.recovery import fallback_step
 from ckpt_tool.core.reshard import ReshardPlan, plan_batch
 from ckpt_tool.core.retention import RetentionPolicy
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import rng, state_codec
@@ -58,10 +60,31 @@ from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.safe_dcp import dcp_failures, load_state
 from ckpt_tool.training.validate import validate_step
-from ckpt_tool.training.verify import check_loaded_model
+from ckpt_tool.training.verify import check_loaded_model, current_env
 
 log = logging.getLogger("ckpt_tool")
 OWNER_REFRESH_S = 30.0  # how often the writing job says it is alive (one small write)
+DEFAULT_IO_THREADS = 4  # DCP writer threads = files per rank (4 was fastest in bench/save_throughput.py)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reports_fatal(method: F) -> F:
+    """A ``CkptError`` a restart cannot fix (bad configuration, a checkpoint that does not fit)
+    is told to ``ckpt run`` before it is raised, so the job stops at once with the rank's
+    message instead of being restarted into the same error."""
+
+    @functools.wraps(method)
+    def wrapper(self: "CheckpointManager", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except CkptError as exc:
+            if exc.exit_code in RESTART_CANNOT_HELP:
+                self.hb.fatal(exc.exit_code, str(exc))
+            raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 class Stateful(Protocol):
@@ -80,7 +103,7 @@ class CheckpointConfig:
     verify_on_resume: bool = True  # re-measure the probe after loading (needs probe=)
     max_fallbacks: int = 3  # damaged checkpoints skipped on resume before giving up
     exit_wait_s: float = 120.0  # how long exit / SIGTERM waits for an in-flight save
-    io_threads: int = 4  # DCP writer threads = files per rank (4 was fastest in bench/save_throughput.py)
+    io_threads: int = DEFAULT_IO_THREADS
     entry_point: str | None = None  # "module:function" that builds the model for `ckpt verify`
     entry_kwargs: dict[str, Any] = field(default_factory=dict)  # JSON keyword arguments for it
     test_commit_delay_s: float = 0.0  # test hook: a slow filesystem between write and commit
@@ -88,6 +111,7 @@ class CheckpointConfig:
     # cannot checkpoint trains without a safety net); "continue" logs it and trains on.
     on_save_error: str = "stop"
     take_over: bool = False  # write even if another live job owns the directory
+    save_final: bool = True  # close() saves the last step passed to maybe_save() unless it is saved
     owner_stale_after_s: float = 300.0  # an owner not seen for this long is presumed dead
 
     def __post_init__(self) -> None:
@@ -121,9 +145,14 @@ class CheckpointManager:
         self.comm = Comm(with_control=self.hb.active)
         self.parallelism = parallelism or {"dp_shard": self.comm.world_size}
         self.store = self._open_store(Path(config.directory))
+        exported = os.environ.get("CKPT_DIR")
+        if exported and self.comm.is_coordinator and Path(exported).resolve() != self.store.root.resolve():
+            log.warning("ckpt: CKPT_DIR is %s (set by `ckpt run`/`ckpt submit`) but this run saves to %s: `ckpt status` and `ckpt recover` look in CKPT_DIR", exported, self.store.root)
         self.run_id: str | None = None
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.last_saved_step: int | None = None
+        self._last_step: int | None = None  # the last step maybe_save() saw (the final save's step)
+        self._last_extra: dict[str, Any] | None = None
         self._model_differs = False  # the last load left checkpoint entries of the model unused
         self._plan: ReshardPlan | None = None  # set when resume() reshards
         self._owner_since: float | None = None  # set when rank 0 claimed the directory
@@ -137,36 +166,26 @@ class CheckpointManager:
         self._closed = False
         self._lock = threading.Lock()
         optimizer.register_step_pre_hook(lambda *_: self.wait_for_staging())
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
         if threading.current_thread() is threading.main_thread():
             self._previous_term = signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _open_store(self, directory: Path) -> CheckpointStore:
         """Rank 0 creates the directory; every rank learns whether that worked."""
-        error: CkptError | None = None
-        if self.comm.is_coordinator:
-            try:
-                CheckpointStore(directory, create=True)
-            except CkptError as exc:
-                error = exc
-        error = self.comm.broadcast(error)
-        if error is not None:
-            raise error
+
+        def create() -> None:
+            CheckpointStore(directory, create=True)
+
+        self.comm.on_coordinator(create)
         return CheckpointStore(directory)
 
     # ------------------------------------------------------------------ environment
     def _env(self) -> dict[str, Any]:
-        first = next(self.model.parameters(), None)
-        return {
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "world_size": self.comm.world_size,
-            "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
-            "device_type": first.device.type if first is not None else None,
-        }
+        return current_env(self.model, self.comm.world_size)
 
     # ------------------------------------------------------------------ resume
+    @_reports_fatal
     def resume(self) -> int | None:
         """Load the newest valid checkpoint; returns its step, or None on a fresh start.
 
@@ -175,13 +194,10 @@ class CheckpointManager:
         """
         self.wait()
         self._claim_directory()
-        if self.comm.is_coordinator:
-            for action in self.store.clean_up_after_crash(roll_forward=lambda s: validate_step(self.store, s).ok):
-                log.warning("ckpt: %s", action)
+        for action in self.comm.on_coordinator(lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_step(self.store, s).ok)):
+            log.warning("ckpt: %s", action)
         for _ in range(self.config.max_fallbacks + 1):
-            candidate = self.comm.broadcast(self._candidate() if self.comm.is_coordinator else None)
-            if isinstance(candidate, CkptError):
-                raise candidate
+            candidate = self.comm.on_coordinator(self._candidate)
             if candidate is None:
                 self.hb.beat(0, "step")
                 return None
@@ -191,7 +207,7 @@ class CheckpointManager:
             if not problems:
                 problems = self._verify_loaded(candidate)
             if not problems:
-                self.hb.checkpoint_committed(candidate)
+                self.hb.resumed(candidate)
                 self.hb.beat(candidate, "step")
                 return candidate
             if self.comm.is_coordinator:
@@ -209,21 +225,17 @@ class CheckpointManager:
 
     def _claim_directory(self) -> None:
         """One job writes a directory at a time (rank 0 claims it; every rank learns the outcome)."""
-        error: CkptError | None = None
-        if self.comm.is_coordinator:
-            try:
-                self._owner_since = time.time()
-                reason = self.store.claim(self._owner(), self.config.owner_stale_after_s, self.config.take_over)
-                if reason.startswith("stale") or reason.startswith("take-over"):
-                    log.warning("ckpt: taking over %s (%s)", self.store.root, reason)
-                if self._owner_thread is None:
-                    self._owner_thread = threading.Thread(target=self._keep_owner_alive, name="ckpt-owner", daemon=True)
-                    self._owner_thread.start()
-            except CkptError as exc:
-                error = exc
-        error = self.comm.broadcast(error)
-        if error is not None:
-            raise error
+
+        def claim() -> None:
+            self._owner_since = time.time()
+            reason = self.store.claim(self._owner(), self.config.owner_stale_after_s, self.config.take_over)
+            if reason.startswith("stale") or reason.startswith("take-over"):
+                log.warning("ckpt: taking over %s (%s)", self.store.root, reason)
+            if self._owner_thread is None:
+                self._owner_thread = threading.Thread(target=self._keep_owner_alive, name="ckpt-owner", daemon=True)
+                self._owner_thread.start()
+
+        self.comm.on_coordinator(claim)
         self._claimed = True  # on every rank: later saves need not ask again
 
     def _keep_owner_alive(self) -> None:
@@ -239,7 +251,7 @@ class CheckpointManager:
             except OSError as exc:  # a flaky shared filesystem must not stop training
                 log.warning("ckpt: could not refresh %s: %s", self.store.root, exc)
 
-    def _candidate(self) -> int | None | CkptError:
+    def _candidate(self) -> int | None:
         try:
             latest = self.store.read_latest()
             if latest is not None and (self.store.step_path(latest) / layout.MANIFEST_NAME).is_file():
@@ -251,21 +263,31 @@ class CheckpointManager:
             reason = exc.message
         step = fallback_step(self.store.committed_on_disk(), None)
         if step is None:
-            return CkptError(f"{reason} and no committed checkpoint is left in {self.store.root}", "start the run from scratch in a new directory, or restore from quarantine/", ExitCode.NOT_FOUND)
+            raise CkptError(f"{reason} and no committed checkpoint is left in {self.store.root}", "start the run from scratch in a new directory, or restore from quarantine/", ExitCode.NOT_FOUND)
         log.warning("ckpt: %s; falling back to step %d", reason, step)
         self.store.set_latest(step, reason)
         return step
 
     def _check_structure(self, step: int) -> list[str]:
         """Rank 0 checks the files are all there with their sizes and the DCP metadata is safe
-        to read; the hashes are checked as the files are loaded (one read of the data)."""
-        problems: list[str] = []
-        if self.comm.is_coordinator and self.config.validate_on_resume:
-            try:
-                problems = [str(p) for p in validate_step(self.store, step, hashes=False).problems]
-            except CkptError as exc:
-                problems = [exc.message]
-        return self.comm.broadcast(problems)
+        to read; the hashes are checked as the files are loaded (one read of the data). Damage
+        is returned as problems; what is not damage (a newer format, files this user may not
+        read) is raised on every rank."""
+        if not self.config.validate_on_resume:
+            return []
+
+        def check() -> list[str]:
+            result = validate_step(self.store, step, hashes=False)
+            if result.unreadable and not result.problems:
+                raise self.store.permission_denied(self.store.step_path(step) / result.unreadable[0])
+            return [str(p) for p in result.problems]
+
+        try:
+            return self.comm.on_coordinator(check)
+        except CkptError as exc:
+            if exc.exit_code == ExitCode.FAILED:
+                return [exc.message]
+            raise CkptError(f"checkpoint step {step}: {exc.message}", exc.hint, exc.exit_code) from None
 
     def _verify_loaded(self, step: int) -> list[str]:
         """The probe checks on the freshly loaded state (``ckpt verify`` in-process)."""
@@ -317,13 +339,13 @@ class CheckpointManager:
                 log.warning("ckpt: %d entries of checkpoint step %d were not loaded, the model or optimizer differs from the saved one: %s", len(not_loaded), step, ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""))
             rank_state = self._read_rank_state(path, verify_fs, manifest.world_size)
         except CkptError as exc:
-            if exc.exit_code == ExitCode.CONFLICT:  # intact, but not this run's model or optimizer
+            if exc.exit_code != ExitCode.FAILED:  # not damage: does not fit the run, not readable by this user
                 mismatch = exc
             problems = [exc.message]
         gathered = self.comm.all_gather((problems, mismatch))
         conflicts = [m for _, m in gathered if m is not None]
         if conflicts:  # not damage: no quarantine, no fallback to an older checkpoint
-            raise CkptError(f"checkpoint step {step}: {conflicts[0].message}", conflicts[0].hint, ExitCode.CONFLICT)
+            raise CkptError(f"checkpoint step {step}: {conflicts[0].message}", conflicts[0].hint, conflicts[0].exit_code)
         problems = sorted({p for rank_problems, _ in gathered for p in rank_problems})
         if problems:
             return problems
@@ -352,7 +374,7 @@ class CheckpointManager:
             plan = ReshardPlan(manifest.batch, BatchConfig(b["micro_batch"], b["grad_accum"], b["dp_size"]))
         else:
             wanted = self.batch.micro_batch if self.batch is not None and self.batch.global_batch == manifest.batch.global_batch else None
-            plan = plan_batch(manifest.batch, world, wanted)
+            plan = plan_batch(manifest.batch, world, prefer=wanted)
         if self.batch is not None and self.batch.global_batch != plan.new.global_batch:
             raise CkptError(
                 f"this run asks for global batch {self.batch.global_batch}, the checkpoint was trained with {plan.new.global_batch}",
@@ -391,11 +413,13 @@ class CheckpointManager:
         rng.restore(state["rng"])
 
     # ------------------------------------------------------------------ save
+    @_reports_fatal
     def maybe_save(self, step: int, extra: dict[str, Any] | None = None) -> bool:
         """Call once per optimizer step: beats the heartbeat, saves every ``save_every`` steps,
         and, when ``ckpt run`` asked for it (preemption, time limit), saves now and exits the
         process with status 0 once the checkpoint is committed (``ckpt run`` then exits "requeue")."""
         self.hb.beat(step, "step")
+        self._last_step, self._last_extra = step, extra
         stop = self.hb.active and self.comm.any_rank(self.hb.stop_requested())
         saved = False
         if stop or (self.config.save_every and step % self.config.save_every == 0):
@@ -408,6 +432,7 @@ class CheckpointManager:
             raise SystemExit(0)
         return saved
 
+    @_reports_fatal
     def save(self, step: int, extra: dict[str, Any] | None = None) -> None:
         """Checkpoint the state after optimizer step ``step``. Collective.
 
@@ -582,7 +607,17 @@ class CheckpointManager:
             except CkptError as exc:
                 self._handle_save_error(exc)
 
-    def close(self, timeout: float | None = None) -> None:
+    @_reports_fatal
+    def close(self, timeout: float | None = None, final: bool | None = None) -> None:
+        """Save the final step (``save_final``, unless ``final=False``), wait for the in-flight
+        save and release the manager's resources. Collective. No final save while an exception
+        is propagating (the state may be half-way through a step) or at interpreter exit."""
+        with self._lock:
+            if self._closed:
+                return
+        want_final = self.config.save_final if final is None else final
+        if want_final and self._last_step is not None and self._last_step != self.last_saved_step and sys.exc_info()[0] is None:
+            self.save(self._last_step, self._last_extra)
         with self._lock:
             if self._closed:
                 return
@@ -595,7 +630,10 @@ class CheckpointManager:
             if self._stager is not None:
                 self._stager.close()
             self.comm.close()
-            atexit.unregister(self.close)
+            atexit.unregister(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        self.close(final=False)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """SIGTERM under ``ckpt run`` (preemption: SLURM signals every process): checkpoint at the
@@ -605,7 +643,7 @@ class CheckpointManager:
             self.hb.request_stop()
             return
         try:
-            self.close()
+            self.close(final=False)
         except BaseException as exc:  # noqa: BLE001 - dying anyway; say why the save was lost
             log.error("ckpt: in-flight save lost at SIGTERM: %s", exc)
         signal.signal(signal.SIGTERM, self._previous_term if callable(self._previous_term) else signal.SIG_DFL)

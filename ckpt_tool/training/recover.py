@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ckpt_tool.core.layout import DirectoryKind
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import note
@@ -43,10 +44,11 @@ class Decision:
 
 def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None = None) -> Decision:
     t0 = time.monotonic()
-    if not ckpt_dir.exists():
+    if not ckpt_dir.exists() or CheckpointStore(ckpt_dir).kind() is DirectoryKind.EMPTY:
         decision = Decision("fresh", None, None, (), None, world_size, (), 0.0)
     else:
         store = CheckpointStore(ckpt_dir)
+        store.require_checkpoint_directory()  # never writes into a directory that is not ours
         cleanup = tuple(store.clean_up_after_crash(roll_forward=lambda s: validate_step(store, s).ok))
         latest = store.latest_or_none()
         if latest is None and not store.committed_on_disk():
@@ -54,7 +56,7 @@ def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None 
         else:
             step, rolled_from, quarantined = latest, None, ()
             if latest is None or not validate_step(store, latest).ok:
-                report = rollback(store, auto=False, reason=f"ckpt recover: step {latest} is damaged or missing")
+                report = rollback(store, auto=False, reason=f"ckpt recover: step {latest} is damaged" if latest is not None else "ckpt recover: LATEST is missing or damaged")
                 step, rolled_from, quarantined = report.target, latest, report.quarantined
             saved = store.read_manifest(step).world_size
             reshard = None

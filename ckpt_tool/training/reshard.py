@@ -15,7 +15,6 @@ from typing import Any
 from ckpt_tool.core import layout
 from ckpt_tool.core.reshard import ReshardPlan, check_shapes, plan_batch
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.safe_dcp import load_metadata_safely
@@ -46,8 +45,8 @@ def plan_reshard(store: CheckpointStore, step: int, world_size: int, micro_batch
     problems = check_shapes(tensor_shapes(store, step), world_size)
     if problems:
         raise CkptError(
-            f"step {step} cannot be sharded over {world_size} ranks: " + "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
-            f"use at most {min(int(p.split(' has ')[1].split()[0]) for p in problems)} ranks",
+            f"step {step} cannot be sharded over {world_size} ranks: " + "; ".join(map(str, problems[:3])) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+            f"use at most {min(p.rows for p in problems)} ranks",
             ExitCode.CONFLICT,
         )
     plan = plan_batch(manifest.batch, world_size, micro_batch)
@@ -58,10 +57,6 @@ def plan_reshard(store: CheckpointStore, step: int, world_size: int, micro_batch
 
 def record_plan(store: CheckpointStore, report: ReshardReport) -> None:
     """Append the plan to the manifest's lineage (atomic rewrite, under the directory's lock)."""
-    lock = store.lock()
-    with lock:
-        manifest = store.read_manifest(report.step)
-        entry = {"event": "reshard_plan", "time": time.time(), "world_size": report.new_world_size, "batch": report.plan.to_json()["new"]}
-        updated = replace(manifest, lineage=(*manifest.lineage, entry))
-        atomic_write(store.step_path(report.step) / layout.MANIFEST_NAME, updated.to_json().encode())
-        store.append_event("reshard_plan", step=report.step, world_size=report.new_world_size, batch=entry["batch"])
+    manifest = store.read_manifest(report.step)
+    entry = {"event": "reshard_plan", "time": time.time(), "world_size": report.new_world_size, "batch": report.plan.to_json()["new"]}
+    store.rewrite_manifest(report.step, replace(manifest, lineage=(*manifest.lineage, entry)), "reshard_plan", world_size=report.new_world_size, batch=entry["batch"])

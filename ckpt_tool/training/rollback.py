@@ -27,22 +27,33 @@ class Attempt:
 class RollbackReport:
     previous_latest: int | None
     target: int
-    quarantined: tuple[int, ...]
+    quarantined: tuple[int, ...]  # moved, or with ``dry_run`` those that would be
     attempts: tuple[Attempt, ...] = field(default_factory=tuple)
     dry_run: bool = False
+    latest_problem: str | None = None  # why LATEST could not be trusted (garbage, missing step)
+    notes: tuple[str, ...] = ()  # check results that could not be recorded, and the like
 
     def to_json(self) -> dict[str, Any]:
         return {
             "previous_latest": self.previous_latest,
+            "latest_problem": self.latest_problem,
             "target": self.target,
-            "quarantined": list(self.quarantined),
             "dry_run": self.dry_run,
+            "quarantined": [] if self.dry_run else list(self.quarantined),
+            "would_quarantine": list(self.quarantined) if self.dry_run else [],
             "attempts": [{"step": a.step, "valid": a.valid, "verified": a.verified, "ok": a.ok, "problems": list(a.problems)} for a in self.attempts],
+            "notes": list(self.notes),
         }
 
 
-def check_step(store: CheckpointStore, step: int, verify: bool, entry: str | None = None) -> Attempt:
+def check_step(store: CheckpointStore, step: int, verify: bool, entry: str | None = None, record: bool = True, notes: list[str] | None = None) -> Attempt:
+    """Validate (and, when asked, verify) one step. Files this user may not read are not
+    damage: that raises (exit 2) rather than judging the step. ``record=False`` (a dry run)
+    writes nothing; otherwise a verification result goes to the index, best effort (a note in
+    ``notes`` when the directory is read-only)."""
     result = validate_step(store, step)
+    if result.unreadable and not result.problems:
+        raise store.permission_denied(store.step_path(step) / result.unreadable[0])
     if not result.ok:
         return Attempt(step, False, None, tuple(str(p) for p in result.problems))
     if not verify or result.manifest is None or result.manifest.probe is None or not (entry or result.manifest.entry_point):
@@ -50,8 +61,12 @@ def check_step(store: CheckpointStore, step: int, verify: bool, entry: str | Non
     from ckpt_tool.training.verify import verify_step  # noqa: PLC0415 - builds a model: only when asked
 
     report = verify_step(store, step, entry)
-    store.record_check(step, "verified", report.ok, [f"{c.name}: recorded {c.recorded!r}, measured {c.measured!r}" for c in report.checks if not c.ok])
-    return Attempt(step, True, report.ok, tuple(f"verify {c.name}: recorded {c.recorded!r}, measured {c.measured!r} ({c.how})" for c in report.checks if not c.ok))
+    failed = [f"verify {c.name}: recorded {c.recorded!r}, measured {c.measured!r} ({c.how})" for c in report.checks if not c.ok]
+    if record:
+        note = store.record_check(step, "verified", report.ok, failed)
+        if note and notes is not None:
+            notes.append(note)
+    return Attempt(step, True, report.ok, tuple(failed))
 
 
 def rollback(
@@ -63,22 +78,27 @@ def rollback(
     reason: str = "manual rollback",
 ) -> RollbackReport:
     """Without ``auto``: to ``to``, or to the newest valid checkpoint older than LATEST.
-    With ``auto``: walk back from LATEST, validating then verifying each, until one passes."""
-    latest = store.latest_or_none()
+    With ``auto``: walk back from LATEST, validating then verifying each, until one passes.
+    ``dry_run`` changes nothing on disk (not even the index)."""
+    listing = store.listing()
+    latest = listing.latest
     committed = store.committed_on_disk()
     if not committed:
         raise CkptError(f"{store.root} holds no committed checkpoint", "nothing to roll back to; check the path", ExitCode.NOT_FOUND)
     if to is not None:
+        if not store.step_path(to).is_dir():
+            raise store.no_such_step(to)
         if to not in committed:
-            raise CkptError(f"step {to} is not a committed checkpoint in {store.root}", f"committed steps: {committed[-10:]} (see `ckpt list`)", ExitCode.NOT_FOUND)
+            raise CkptError(f"step {to} in {store.root} has no manifest: it is not a committed checkpoint", f"committed steps: {', '.join(map(str, committed[-10:]))} (see `ckpt list`)", ExitCode.NOT_FOUND)
         candidates = [to]
     elif auto:
         candidates = [s for s in reversed(committed) if latest is None or s <= latest]
     else:
         candidates = [s for s in reversed(committed) if latest is None or s < latest]
     attempts = []
+    notes: list[str] = []
     for step in candidates:
-        attempt = check_step(store, step, verify=auto, entry=entry)
+        attempt = check_step(store, step, verify=auto, entry=entry, record=not dry_run, notes=notes)
         attempts.append(attempt)
         if attempt.ok:
             target = step
@@ -97,5 +117,5 @@ def rollback(
         for step in quarantine:
             store.quarantine(step, f"{reason}: {problems.get(step) or f'rolled back to {target}'}")
         if target != latest:
-            store.set_latest(target, reason)
-    return RollbackReport(latest, target, tuple(quarantine), tuple(attempts), dry_run)
+            store.set_latest(target, reason if listing.latest_problem is None else f"{reason} ({listing.latest_problem})")
+    return RollbackReport(latest, target, tuple(quarantine), tuple(attempts), dry_run, listing.latest_problem, tuple(notes))

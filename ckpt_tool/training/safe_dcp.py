@@ -169,6 +169,8 @@ def load_state(
         for failure in failures:
             if isinstance(failure, CkptError):
                 raise failure from None
+            if isinstance(failure, PermissionError):
+                raise CkptError(f"permission denied reading {failure.filename or path}: it was not loaded (this is not damage)", "run as the user who owns the checkpoint, or ask them to grant read access", ExitCode.USAGE) from None
         first = failures[0] if failures else exc
         text = str(first)
         raise CkptError(f"loading {path} failed: {type(first).__name__}: {text.splitlines()[0] if text else ''}", "run `ckpt validate` and `ckpt rollback`") from None

@@ -26,8 +26,8 @@ def validate_step(
     result = store.validate(step, ranks, threads, on_bytes, hashes)
     if result.manifest is None or (ranks is not None and 0 not in ranks):
         return result
-    if any(p.file == layout.DCP_METADATA_NAME for p in result.problems):
-        return result  # already named: missing, wrong size or wrong hash
+    if any(p.file == layout.DCP_METADATA_NAME for p in result.problems) or layout.DCP_METADATA_NAME in result.unreadable:
+        return result  # already named: missing, wrong size, wrong hash or not readable by this user
     listed = {f.path for f in result.manifest.files}
     extra: list[Problem] = []
     try:
@@ -35,6 +35,8 @@ def validate_step(
             metadata = load_metadata_safely(f)
         referenced = {info.relative_path for info in (metadata.storage_data or {}).values()}
         extra = [Problem(name, "referenced by the DCP metadata but not in the manifest", "listed", "absent") for name in sorted(referenced - listed)]
+    except PermissionError:
+        return ValidationResult(step, result.problems, result.manifest, tuple(sorted({*result.unreadable, layout.DCP_METADATA_NAME})))
     except (CkptError, OSError) as exc:
         extra = [Problem(layout.DCP_METADATA_NAME, "DCP metadata unreadable", "DCP Metadata", getattr(exc, "message", str(exc)))]
-    return ValidationResult(step, result.problems + tuple(extra), result.manifest)
+    return ValidationResult(step, result.problems + tuple(extra), result.manifest, result.unreadable)

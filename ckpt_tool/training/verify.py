@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.exactness import trajectory_differences
+from ckpt_tool.core.exactness import how_to_reproduce, trajectory_differences
 from ckpt_tool.core.verification import Check, probe_checks
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
@@ -34,13 +34,21 @@ class VerifyReport:
     checks: tuple[Check, ...]
     exact: bool
     differences: tuple[str, ...]  # why the comparison is not bit-exact
+    reproduce: tuple[str, ...] = ()  # options/settings that would make it bit-exact, e.g. "--nproc 2"
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "ok": self.ok, "exact": self.exact, "differences": list(self.differences), "checks": [c.to_json() for c in self.checks]}
+        return {
+            "step": self.step,
+            "ok": self.ok,
+            "exact": self.exact,
+            "differences": list(self.differences),
+            "reproduce": list(self.reproduce),
+            "checks": [c.to_json() for c in self.checks],
+        }
 
 
 def load_entry_point(spec: str) -> Callable[..., Any]:
@@ -117,9 +125,11 @@ def check_loaded_model(
     sched = rank_state.get("scheduler") or {}
     lr = float(sched["_last_lr"][0]) if sched.get("_last_lr") else None
     measured = measure(model, ProbeSpec(load_probe_batch(path, process_group), loss_fn), lr or 0.0, step)
-    differences = tuple(trajectory_differences({k: manifest.env.get(k) for k in EXACT_KEYS if k in manifest.env}, current_env(model, world_size)))
+    saved = {k: manifest.env.get(k) for k in EXACT_KEYS if k in manifest.env}
+    now = current_env(model, world_size)
+    differences = tuple(trajectory_differences(saved, now))
     checks = probe_checks(manifest.probe, manifest.step, rank_state.get("step"), lr, measured, exact=not differences)
-    return VerifyReport(step, tuple(checks), not differences, differences)
+    return VerifyReport(step, tuple(checks), not differences, differences, tuple(how_to_reproduce(saved, now)))
 
 
 def verify_step(store: CheckpointStore, step: int, entry: str | None = None, world_size: int = 1) -> VerifyReport:

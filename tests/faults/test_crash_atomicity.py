@@ -88,3 +88,6 @@ def test_sigkill_of_the_whole_job_never_breaks_latest(tmp_path):
     assert not leftovers(store)
     check_invariants(store)
     print(f"{TRIALS} trials, {killed_inside_commit_window} killed with a save in progress")
+    # The campaign proves something only if the kills hit saves: with a save every step, about
+    # two thirds of the instants fall inside one (134 of 200 in the long campaign, BENCHMARKS.md).
+    assert killed_inside_commit_window >= max(1, TRIALS // 4), f"only {killed_inside_commit_window} of {TRIALS} kills landed during a save"

@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-from filelock import SoftFileLock
 
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
@@ -30,10 +29,9 @@ def hold_lock(root) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         from ckpt_tool.store.store import CheckpointStore
-        lock = CheckpointStore({str(root)!r}).lock()
-        lock.acquire()
-        print("held", flush=True)
-        time.sleep(120)
+        with CheckpointStore({str(root)!r}).changing():
+            print("held", flush=True)
+            time.sleep(120)
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -44,8 +42,8 @@ def test_a_held_lock_is_reported_and_a_dead_holders_lock_is_free(tmp_path):
     store = CheckpointStore(tmp_path / "c", create=True)
     holder = hold_lock(store.root)
     try:
-        with pytest.raises(CkptError) as err:
-            store._locked(timeout=0.5)
+        with pytest.raises(CkptError) as err, store.changing(timeout=0.5):
+            pass
         assert err.value.exit_code == ExitCode.CONFLICT and "held by another process" in err.value.message
     finally:
         holder.send_signal(signal.SIGKILL)  # dies holding it: the kernel releases an flock
@@ -61,11 +59,10 @@ def test_without_working_flock_a_soft_lock_still_serialises_writers(tmp_path, mo
     monkeypatch.setattr(fcntl, "flock", no_flock)
     store = CheckpointStore(tmp_path / "c", create=True)
     with caplog.at_level("WARNING", logger="ckpt_tool"):
-        lock = store.lock(timeout=0.2)
-    assert isinstance(lock, SoftFileLock)
+        assert store.uses_soft_lock
     assert any("flock does not work" in r.message for r in caplog.records)
-    with lock:
-        with pytest.raises(CkptError, match="held by another process"):
-            store._locked(timeout=0.3)  # a second writer waits for the first
+    with store.changing():
+        with pytest.raises(CkptError, match="held by another process"), CheckpointStore(store.root).changing(timeout=0.3):
+            pass  # a second writer waits for the first
     commit(store, 10)
     assert store.read_latest() == 10 and not (store.root / ".lock.soft").exists()

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from filelock import SoftFileLock
 
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore, flock_works
@@ -129,13 +128,12 @@ def test_flock_and_posix_locks_really_fail_with_enolck_on_the_mount(nolock_mount
 def test_on_the_mount_the_store_falls_back_to_a_soft_lock_that_serialises_writers(nolock_mount, caplog):
     store = CheckpointStore(nolock_mount.path / "c", create=True)
     with caplog.at_level("WARNING", logger="ckpt_tool"):
-        lock = store.lock(timeout=0.2)
-    assert isinstance(lock, SoftFileLock)
+        assert store.uses_soft_lock
     assert any("flock does not work on" in r.getMessage() and str(store.root) in r.getMessage() for r in caplog.records)
-    with lock:
+    with store.changing():
         assert (store.root / ".lock.soft").exists()
-        with pytest.raises(CkptError) as err:
-            CheckpointStore(store.root)._locked(timeout=0.3)  # a second writer waits for the first
+        with pytest.raises(CkptError) as err, CheckpointStore(store.root).changing(timeout=0.3):
+            pass  # a second writer waits for the first
         assert err.value.exit_code == ExitCode.CONFLICT and "held by another process" in err.value.message
     commit(store, 10)
     assert store.read_latest() == 10 and not (store.root / ".lock.soft").exists()
@@ -146,17 +144,16 @@ def locker(root: Path, timeout: float) -> subprocess.Popen:
     """Another process that takes the store's lock, prints 'held', holds it until a line on stdin, releases."""
     code = textwrap.dedent(f"""
         import sys
-        from filelock import SoftFileLock
         from ckpt_tool.errors import CkptError
         from ckpt_tool.store.store import CheckpointStore
+        store = CheckpointStore({str(root)!r})
         try:
-            lock = CheckpointStore({str(root)!r})._locked(timeout={timeout!r})
+            with store.changing(timeout={timeout!r}):
+                print("held", "soft" if store.uses_soft_lock else "flock", flush=True)
+                sys.stdin.readline()
         except CkptError as exc:
             print("refused", exc.message, flush=True)
             sys.exit(3)
-        print("held", "soft" if isinstance(lock, SoftFileLock) else type(lock).__name__, flush=True)
-        sys.stdin.readline()
-        lock.release()
         print("released", flush=True)
     """)
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

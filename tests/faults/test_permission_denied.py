@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from ..as_nobody import cli_as_nobody
 from ..integration.tiny import make_trainer
 
 pytestmark = [pytest.mark.faults, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -27,52 +28,10 @@ def private_ckpt(tmp_path):
     return root / "ckpt"
 
 
-def run_as_nobody(argv: list[str]) -> tuple[int, str]:
-    """Run the CLI's main() in a forked child that dropped to user nobody (the interpreter lives
-    under /root, which nobody cannot exec, so the child keeps the already-loaded one)."""
-    import io
-    import pwd
-    from contextlib import redirect_stderr
-
-    from ckpt_tool.cli.main import main
-
-    # Load every module the command needs while we may still read the interpreter's files.
-    with redirect_stderr(io.StringIO()):
-        try:
-            main([argv[0], "/nonexistent-ckpt-dir", *argv[2:]])
-        except SystemExit:
-            pass
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(read_fd)
-        code = 99
-        err = io.StringIO()
-        try:
-            nobody = pwd.getpwnam("nobody")
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            with redirect_stderr(err):
-                main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            err.write(f"Traceback: {exc!r}")
-        os.write(write_fd, f"{code}\n{err.getvalue()}".encode())
-        os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as f:
-        out = f.read()
-    os.waitpid(pid, 0)
-    code, _, stderr = out.partition("\n")
-    return int(code), stderr
-
-
 @pytest.mark.parametrize("args", [("list",), ("validate",), ("rollback", "--auto")])
 def test_permission_denied_is_a_clear_error(private_ckpt, args):
     before = sorted(os.listdir(private_ckpt))
-    code, stderr = run_as_nobody([args[0], str(private_ckpt), *args[1:]])
+    code, stderr = cli_as_nobody([args[0], str(private_ckpt), *args[1:]], private_ckpt)
     assert code == 2, stderr
     assert "permission denied" in stderr and "Traceback" not in stderr
     assert sorted(os.listdir(private_ckpt)) == before

@@ -45,10 +45,9 @@ def hold_soft_lock(root, host: str | None) -> subprocess.Popen:
         fcntl.flock = no_flock
         from ckpt_tool.store import store
         store.SOFT_LOCK_LEASE_S = {LEASE_S}
-        lock = store.CheckpointStore({str(root)!r}).lock()
-        lock.acquire()
-        print("held", socket.gethostname(), flush=True)
-        time.sleep(120)
+        with store.CheckpointStore({str(root)!r}).changing():
+            print("held", socket.gethostname(), flush=True)
+            time.sleep(120)
     """)
     argv = [sys.executable, "-c", code]
     if host is not None:
@@ -72,8 +71,8 @@ def test_a_live_holder_on_another_host_keeps_the_lock_by_renewing_it(soft_store)
     holder = hold_soft_lock(soft_store.root, "nodeB")
     try:
         time.sleep(2 * LEASE_S)  # longer than the lease: only the holder's renewals keep it
-        with pytest.raises(CkptError, match="held by another process"):
-            soft_store._locked(timeout=LEASE_S * 1.5)
+        with pytest.raises(CkptError, match="held by another process"), soft_store.changing(timeout=LEASE_S * 1.5):
+            pass
     finally:
         holder.kill()
         holder.wait()

@@ -59,6 +59,7 @@ def test_an_owner_on_another_host(tmp_path):
     t.manager.close()
 
 
+@pytest.mark.slow  # two real torchrun jobs
 def test_a_second_real_job_is_refused_while_the_first_runs(tmp_path):
     ckpt = tmp_path / "ckpt"
     # job A is slowed down (a 1 s commit per save) so it surely still runs when B starts

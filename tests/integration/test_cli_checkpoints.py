@@ -66,8 +66,9 @@ def assert_good_steps_intact(ckpt: Path, steps) -> None:
 
 # ---------------------------------------------------------------- healthy directory
 def test_list_json_and_latest(ckpt, capsys):
-    code, rows = ckpt_json(capsys, "list", ckpt)
-    assert code == 0
+    code, listing = ckpt_json(capsys, "list", ckpt)
+    rows = listing["checkpoints"]
+    assert code == 0 and listing["latest"] == 20 and listing["latest_problem"] is None
     assert [r["step"] for r in rows] == list(STEPS)
     assert [r["latest"] for r in rows] == [False, False, False, True]
     for r in rows:
@@ -79,12 +80,13 @@ def test_list_json_and_latest(ckpt, capsys):
 
 def test_validate_all_then_verify_updates_status(ckpt, capsys):
     code, results = ckpt_json(capsys, "validate", ckpt, "--all")
-    assert code == 0 and [r["ok"] for r in results] == [True] * 4
+    assert code == 0 and results["ok"] and [r["ok"] for r in results["steps"]] == [True] * 4
     code, report = ckpt_json(capsys, "verify", ckpt)
     assert code == 0 and report["ok"] and report["step"] == 20
     assert [c["name"] for c in report["checks"]] == ["step", "loss", "lr", "grad_norm"]
     assert not report["exact"]  # one process checking a 2-rank checkpoint: tolerance applies
-    code, rows = ckpt_json(capsys, "list", ckpt)
+    assert "--nproc 2" in report["reproduce"]  # what makes it exact: the saved world size
+    rows = ckpt_json(capsys, "list", ckpt)[1]["checkpoints"]
     assert [r["status"] for r in rows] == ["validated", "validated", "validated", "verified"]
     assert all(r["last_validated"] for r in rows)
 
@@ -106,7 +108,7 @@ def test_prune_dry_run_then_real(ckpt, capsys):
 
 def test_manual_rollback_and_to(ckpt, capsys):
     code, report = ckpt_json(capsys, "rollback", ckpt, "--dry-run")
-    assert (code, report["target"], report["quarantined"]) == (0, 15, [20])
+    assert (code, report["target"], report["would_quarantine"], report["quarantined"], report["dry_run"]) == (0, 15, [20], [], True)
     assert CheckpointStore(ckpt).read_latest() == 20
     code, report = ckpt_json(capsys, "rollback", ckpt, "--to", "10", "--reason", "loss spike")
     assert (report["target"], report["quarantined"]) == (10, [15, 20])
@@ -145,40 +147,41 @@ def tamper_parameters_and_rehash(ckpt: Path) -> None:
     (d / layout.MANIFEST_NAME).write_text(Manifest(**{**m.__dict__, "files": files}).to_json())
 
 
+WITH_MANIFEST, WITHOUT_MANIFEST = [20, 15], [15]  # steps rollback --auto tries: a step without a manifest is no candidate
 FAULTS = {
-    # name: (damage, what validate says about step 20 (None: validate passes), good steps)
-    "bit-flip": (lambda c: flip_bit(shard(c, 20)), ("__0_0.distcp", "content hash differs"), STEPS[:3]),
-    "truncated": (lambda c: shard(c, 20).write_bytes(shard(c, 20).read_bytes()[:-100]), ("__0_0.distcp", "size differs"), STEPS[:3]),
-    "deleted": (lambda c: shard(c, 20, "__1_0.distcp").unlink(), ("__1_0.distcp", "missing file"), STEPS[:3]),
-    "metadata-damaged": (lambda c: flip_bit(shard(c, 20, ".metadata")), (".metadata", "content hash differs"), STEPS[:3]),
-    "manifest-garbage": (lambda c: shard(c, 20, layout.MANIFEST_NAME).write_text("{garbage"), (layout.MANIFEST_NAME, "unreadable manifest"), STEPS[:3]),
-    "manifest-missing": (lambda c: shard(c, 20, layout.MANIFEST_NAME).unlink(), (layout.MANIFEST_NAME, "unreadable manifest"), STEPS[:3]),
-    "swapped-from-step-15": (swap_in_from_step_15, ("__0_0.distcp", "content hash differs (damaged, or copied from another step"), STEPS[:3]),
-    "params-tampered-rehashed": (tamper_parameters_and_rehash, None, STEPS[:3]),
+    # name: (damage, what validate says about step 20 (None: validate passes), steps rollback --auto tries)
+    "bit-flip": (lambda c: flip_bit(shard(c, 20)), ("__0_0.distcp", "content hash differs"), WITH_MANIFEST),
+    "truncated": (lambda c: shard(c, 20).write_bytes(shard(c, 20).read_bytes()[:-100]), ("__0_0.distcp", "size differs"), WITH_MANIFEST),
+    "deleted": (lambda c: shard(c, 20, "__1_0.distcp").unlink(), ("__1_0.distcp", "missing file"), WITH_MANIFEST),
+    "metadata-damaged": (lambda c: flip_bit(shard(c, 20, ".metadata")), (".metadata", "content hash differs"), WITH_MANIFEST),
+    "manifest-garbage": (lambda c: shard(c, 20, layout.MANIFEST_NAME).write_text("{garbage"), (layout.MANIFEST_NAME, "unreadable manifest"), WITH_MANIFEST),
+    "manifest-missing": (lambda c: shard(c, 20, layout.MANIFEST_NAME).unlink(), (layout.MANIFEST_NAME, "unreadable manifest"), WITHOUT_MANIFEST),
+    "swapped-from-step-15": (swap_in_from_step_15, ("__0_0.distcp", "content hash differs (damaged, or copied from another step"), WITH_MANIFEST),
+    "params-tampered-rehashed": (tamper_parameters_and_rehash, None, WITH_MANIFEST),
 }
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_is_reported_and_rollback_auto_lands_on_newest_good(ckpt, capsys, fault):
-    damage, expected, good = FAULTS[fault]
+    damage, expected, tried = FAULTS[fault]
     damage(ckpt)
     code, results = ckpt_json(capsys, "validate", ckpt, "--step", "20")
     if expected is None:
-        assert code == 0 and results[0]["ok"]  # hashes match: validation cannot see this
+        assert code == 0 and results["steps"][0]["ok"]  # hashes match: validation cannot see this
         code, report = ckpt_json(capsys, "verify", ckpt, "--step", "20")
         assert code == 1 and not report["ok"]
         failed = {c["name"] for c in report["checks"] if not c["ok"]}
         assert {"loss", "grad_norm"} <= failed and "step" not in failed
     else:
         assert code == 1
-        problems = results[0]["problems"]
+        problems = results["steps"][0]["problems"]
         assert any(p["file"] == expected[0] and p["what"].startswith(expected[1]) for p in problems), problems
     code, report = ckpt_json(capsys, "rollback", ckpt, "--auto")
     assert code == 0 and report["target"] == 15 and report["quarantined"] == [20]
-    assert [a["step"] for a in report["attempts"]] == [20, 15] or fault.startswith("manifest")
+    assert [a["step"] for a in report["attempts"]] == tried
     store = CheckpointStore(ckpt)
     assert store.read_latest() == 15
-    assert_good_steps_intact(ckpt, good)
+    assert_good_steps_intact(ckpt, STEPS[:3])
     assert [p.name.split(".")[0] for p in store.quarantine_root.iterdir()] == ["step_00000020"]
 
 
@@ -198,6 +201,7 @@ def test_latest_holding_garbage(ckpt, capsys):
     assert code == 1 and "LATEST" in err and "rollback --auto" in err
     code, report = ckpt_json(capsys, "rollback", ckpt, "--auto")
     assert (code, report["target"], report["previous_latest"]) == (0, 20, None)
+    assert "damaged" in report["latest_problem"]
     assert CheckpointStore(ckpt).read_latest() == 20
     assert_good_steps_intact(ckpt, STEPS)
 
@@ -208,9 +212,11 @@ def test_latest_holding_garbage(ckpt, capsys):
     [
         (("list", "/nonexistent/ckpts"), 3, "does not exist"),
         (("validate", "{ckpt}", "--step", "-1"), 2, ""),
-        (("validate", "{ckpt}", "--step", "7"), 1, ""),
+        (("validate", "{ckpt}", "--step", "7"), 3, "step 7 does not exist"),
+        (("verify", "{ckpt}", "--step", "7"), 3, "step 7 does not exist"),
+        (("reshard", "{ckpt}", "--world-size", "1", "--step", "7"), 3, "step 7 does not exist"),
         (("validate", "{ckpt}", "--step", "5", "--all"), 2, "exclude each other"),
-        (("rollback", "{ckpt}", "--to", "7"), 3, "not a committed checkpoint"),
+        (("rollback", "{ckpt}", "--to", "7"), 3, "step 7 does not exist"),
         (("rollback", "{ckpt}", "--to", "5", "--auto"), 2, "exclude each other"),
         (("verify", "{ckpt}", "--entry", "no_such_module_xyz:build"), 2, "does not import"),
         (("verify", "{ckpt}", "--entry", "json:dumps"), 2, "failed when called as dumps(world_size=1"),
@@ -245,11 +251,11 @@ def test_training_resume_verifies_and_rolls_back_by_itself(ckpt, tmp_path):
 
 def test_recover_decides_resume_rollback_and_reshard(ckpt, capsys, tmp_path):
     run_dir = tmp_path / "run"
-    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "2", "--run-dir", run_dir)
+    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "2", "--run-dir", run_dir, "--json")
     decision = json.loads(out)
     assert (code, decision["action"], decision["step"], decision["reshard"]) == (0, "resume", 20, None)
     flip_bit(shard(ckpt, 20))
-    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "1", "--run-dir", run_dir)
+    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "1", "--run-dir", run_dir, "--json")
     decision = json.loads(out)
     assert (decision["step"], decision["rolled_back_from"], decision["quarantined"]) == (15, 20, [20])
     assert decision["reshard"]["new"] == {"micro_batch": 8, "grad_accum": 2, "dp_size": 1, "global_batch": 16}
@@ -260,16 +266,19 @@ def test_recover_decides_resume_rollback_and_reshard(ckpt, capsys, tmp_path):
 
 
 def test_recover_on_a_fresh_directory_starts_fresh(tmp_path, capsys):
-    code, out, _ = ckpt_cli(capsys, "recover", tmp_path / "new", "--world-size", "2")
+    code, out, _ = ckpt_cli(capsys, "recover", tmp_path / "new", "--world-size", "2", "--json")
     assert code == 0 and json.loads(out)["action"] == "fresh"
+    (tmp_path / "empty").mkdir()
+    code, out, _ = ckpt_cli(capsys, "recover", tmp_path / "empty", "--world-size", "2")
+    assert code == 0 and "fresh start" in out and list((tmp_path / "empty").iterdir()) == []
 
 
 def test_scrubbing_finds_bit_rot_in_an_old_checkpoint(ckpt, capsys):
     flip_bit(shard(ckpt, 5, "__1_0.distcp"))  # silent corruption long after the save
     code, results = ckpt_json(capsys, "validate", ckpt, "--all")
     assert code == 1
-    assert [r["step"] for r in results if not r["ok"]] == [5]
-    code, rows = ckpt_json(capsys, "list", ckpt)
+    assert [r["step"] for r in results["steps"] if not r["ok"]] == [5]
+    rows = ckpt_json(capsys, "list", ckpt)[1]["checkpoints"]
     status = {r["step"]: (r["status"], r["last_validated"] is not None) for r in rows}
     assert status == {5: ("invalid", True), 10: ("validated", True), 15: ("validated", True), 20: ("validated", True)}
 

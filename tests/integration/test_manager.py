@@ -42,7 +42,7 @@ def test_resume_is_bit_identical(tmp_path, async_save):
 
     a = make_trainer(tmp_path / "run", save_every=4, async_save=async_save)
     first = run_steps(a, 1, 6)  # saves at 4; steps 5-6 are lost at the "crash"
-    a.manager.close()
+    a.manager.close(final=False)  # a crash saves nothing more
     torch.manual_seed(12345)  # the crash loses every RNG state
     b = make_trainer(tmp_path / "run", seed=99, save_every=4, async_save=async_save)
     start = b.manager.resume()
@@ -236,15 +236,22 @@ def test_world_size_change_without_a_recorded_batch_split_is_refused(tmp_path):
     assert err.value.exit_code == ExitCode.CONFLICT and "records no batch split" in err.value.message
 
 
-def test_unknown_format_version_is_refused(tmp_path):
+def test_a_newer_format_version_is_refused_and_left_in_place(tmp_path):
+    """A checkpoint written by a newer ckpt-tool is not damage: resume() refuses it (exit 4)
+    and moves nothing, as ``ckpt validate`` does; upgrading ckpt-tool then resumes from it."""
     t = make_trainer(tmp_path / "c", save_every=1)
-    run_steps(t, 1, 1)
+    run_steps(t, 1, 2)
     t.manager.close()
-    rewrite_manifest(tmp_path / "c", 1, format_version=99)
-    t2 = make_trainer(tmp_path / "c", max_fallbacks=0)
+    rewrite_manifest(tmp_path / "c", 2, format_version=99)
+    t2 = make_trainer(tmp_path / "c")
     with pytest.raises(CkptError) as err:
         t2.manager.resume()
-    assert "no valid checkpoint" in err.value.message  # version 99 cannot be read: never loaded
+    assert err.value.exit_code == ExitCode.CONFLICT
+    assert "format version 99" in err.value.message and "upgrade ckpt-tool" in err.value.hint
+    store = CheckpointStore(tmp_path / "c")
+    assert store.read_latest() == 2 and store.committed_on_disk() == [1, 2]
+    assert not store.quarantine_root.exists()
+    assert not [e for e in store.events() if e.event in ("quarantine", "rollback")]
 
 
 class Payload:
@@ -318,3 +325,27 @@ def test_resume_under_another_thread_count_says_it_will_not_be_bit_identical(tmp
         assert t2.manager.resume() == 1
     t2.manager.close()
     assert any("will not be bit-identical" in r.message and "thread count" in r.message for r in caplog.records)
+
+
+def test_close_saves_the_last_step_unless_configured_off(tmp_path):
+    t = make_trainer(tmp_path / "on", save_every=5)
+    run_steps(t, 1, 7)
+    t.manager.close()
+    assert CheckpointStore(tmp_path / "on").committed_on_disk() == [5, 7]
+    off = make_trainer(tmp_path / "off", save_every=5, save_final=False)
+    run_steps(off, 1, 7)
+    off.manager.close()
+    assert CheckpointStore(tmp_path / "off").committed_on_disk() == [5]
+
+
+def test_no_final_save_while_an_exception_propagates(tmp_path):
+    """A step that raised half-way (optimizer stepped, maybe_save not reached) must not be saved
+    under the previous step's number."""
+    t = make_trainer(tmp_path / "c", save_every=5)
+    with pytest.raises(RuntimeError):
+        try:
+            run_steps(t, 1, 7)
+            raise RuntimeError("the loop died")
+        finally:
+            t.manager.close()
+    assert CheckpointStore(tmp_path / "c").committed_on_disk() == [5]

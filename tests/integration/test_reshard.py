@@ -155,7 +155,7 @@ def _flatten(obj, prefix=""):
 @pytest.mark.parametrize(
     "world, message, hint",
     [
-        ("5", "cannot be split over 5 data-parallel ranks", "nearest: 4, 6"),
+        ("5", "cannot be split over 5 data-parallel ranks", "nearest: 4 or 6"),
         ("100", "cannot be sharded over 100 ranks", "use at most 64 ranks"),
     ],
 )

@@ -166,5 +166,57 @@ def test_crash_loop_is_stopped_with_a_clear_message(supervised):
     s = supervised("--crash-at-step", "8", "--crash-repeat", run_opts=("--crash-loop", "2", "--max-restarts", "5"))
     assert s.run() == ExitCode.CRASH_LOOP, s.tail()
     [loop] = [e for e in s.events() if e["event"] == "crash_loop"]
-    assert "2 failures in a row without progress past checkpoint step 5" in loop["message"]
+    assert "2 failures in a row without a new checkpoint (past checkpoint step 5)" in loop["message"]
     assert "crash loop" in s.tail()
+
+
+def test_a_fresh_run_logs_no_resume_and_ends_with_a_checkpoint_of_its_last_step(supervised):
+    """12 steps, a checkpoint every 5: steps 5 and 10 as configured, and 12, the last step, at
+    close(). A fresh start is not a resume, even after its first checkpoint is committed."""
+    s = supervised(steps=12, save_every=5)
+    assert s.run() == ExitCode.OK, s.tail()
+    assert "resumed" not in [e["event"] for e in s.events()]
+    store = CheckpointStore(s.ckpt)
+    assert store.committed_on_disk() == [5, 10, 12] and store.read_latest() == 12
+    assert [m.step for m in read_metrics(s.metrics)] == list(range(1, 13))
+
+
+def test_a_configuration_error_is_fatal_at_once_with_the_ranks_message(supervised):
+    """Bad arguments (exit 2) and a checkpoint that does not fit the model (exit 4) would fail
+    again after every restart: `ckpt run` stops at once with the rank's exit code and message
+    instead of restarting, and never calls it a crash loop."""
+    first = supervised(steps=5, save_every=5, name="first")
+    assert first.run() == ExitCode.OK, first.tail()
+    misfit = supervised("--d-model", "32", steps=10, save_every=5, name="misfit")  # FAST_ARGS say 64; the later flag wins
+    misfit.ckpt = first.ckpt
+    misfit.argv = [a if a != str(misfit.root / "ckpt") else str(first.ckpt) for a in misfit.argv]
+    t0 = time.monotonic()
+    assert misfit.run() == ExitCode.CONFLICT, misfit.tail()
+    assert time.monotonic() - t0 < 60
+    events = misfit.events()
+    [fatal] = [e for e in events if e["event"] == "fatal"]
+    assert fatal["exit_code"] == 4 and "does not fit" in fatal["message"]
+    assert not [e for e in events if e["event"] in ("restarted", "crash_loop")]
+    assert CheckpointStore(first.ckpt).committed_on_disk() == [5] and not (first.ckpt / "quarantine").exists()
+
+    bad_args = supervised("--steps", "many", name="bad-args")
+    assert bad_args.run() == ExitCode.USAGE, bad_args.tail()
+    [fatal] = [e for e in bad_args.events() if e["event"] == "fatal"]
+    assert "invalid int value: 'many'" in fatal["message"]
+    assert not [e for e in bad_args.events() if e["event"] in ("restarted", "crash_loop")]
+
+
+def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervised):
+    s = supervised(steps=6, save_every=3, name="by-ckpt-dir")
+    s.argv = [a for a in s.argv]
+    i = s.argv.index("--run-dir")
+    s.argv[i : i + 2] = ["--ckpt-dir", str(s.ckpt)]
+    s.run_dir = s.ckpt / "run"
+    assert s.run() == ExitCode.OK, s.tail()
+    assert [e["event"] for e in s.events()][-1] == "finished"
+    status = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "status", str(s.ckpt), "--json"], capture_output=True, text=True, timeout=60)
+    report = json.loads(status.stdout)
+    assert report["run_dir"] == str(s.ckpt / "run") and report["newest_checkpoint"] == 6
+    assert [e["event"] for e in report["last_events"]][-1] == "finished"
+    no_dir = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "run", "--", "train.py"], capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "CKPT_DIR"})
+    assert no_dir.returncode == 2 and "--ckpt-dir" in no_dir.stderr

@@ -143,7 +143,7 @@ def test_clean_up_quarantines_an_invalid_unpointed_step(store):
 def test_retention_deletes_only_old_committed_steps_after_commit(store):
     for s in (10, 20, 30, 40, 50):
         commit(store, s)
-        store.apply_retention(RetentionPolicy(keep_last=2, keep_every=20))
+        store.apply_retention(RetentionPolicy(keep_last=2, keep_every=20), known_good=s)
     assert store.committed_on_disk() == [20, 40, 50]
     assert not any(n.endswith(".deleting") for n in os.listdir(store.root))
     assert [e.step for e in store.events() if e.event == "delete"] == [10, 30]
@@ -154,7 +154,7 @@ def test_retention_keeps_latest_after_a_rollback_and_never_touches_quarantine(st
         commit(store, s)
     store.quarantine(30, "bad")
     store.set_latest(20, "step 30 bad")
-    assert store.apply_retention(RetentionPolicy(keep_last=1)) == [10]
+    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=lambda s: store.validate(s).ok) == [10]
     assert store.committed_on_disk() == [20]
     assert len(list(store.quarantine_root.iterdir())) == 1
 
@@ -173,3 +173,79 @@ def test_set_latest_refuses_a_missing_step(store):
     with pytest.raises(CkptError, match="no committed checkpoint"):
         store.set_latest(99, "x")
     assert store.read_latest() == 10
+
+
+def damage(store: CheckpointStore, step: int) -> None:
+    path = store.step_path(step) / "__0_0.distcp"
+    raw = bytearray(path.read_bytes())
+    raw[10] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+def validate_and_record(store: CheckpointStore):
+    def confirm(step: int) -> bool:
+        result = store.validate(step)
+        store.record_check(step, "validated", result.ok, [str(p) for p in result.problems])
+        return result.ok
+
+    return confirm
+
+
+def test_retention_never_deletes_without_a_kept_checkpoint_known_to_be_valid(store):
+    for s in (10, 20, 30):
+        commit(store, s)
+    with pytest.raises(CkptError, match="known to pass validation: nothing deleted"):
+        store.apply_retention(RetentionPolicy(keep_last=1))
+    assert store.committed_on_disk() == [10, 20, 30]
+
+
+def test_prune_skips_a_damaged_latest_and_keeps_the_newest_valid_one(store):
+    """LATEST (30) is damaged and nobody knows yet: validating before deleting finds it, records
+    it invalid, and keep-last 1 then keeps 20 (which passes) instead of deleting it."""
+    for s in (10, 20, 30):
+        commit(store, s)
+    damage(store, 30)
+    assert store.apply_retention(RetentionPolicy(keep_last=1), dry_run=True, confirm=lambda s: store.validate(s).ok) == [10]
+    assert store.committed_on_disk() == [10, 20, 30]  # the dry run deleted nothing
+    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=validate_and_record(store)) == [10]
+    assert store.committed_on_disk() == [20, 30]
+    assert store.validate(20).ok
+    [delete] = [e for e in store.events() if e.event == "delete"]
+    assert delete.data["reason"] == "retention: keep the last 1; step 20 passed validation"
+
+
+def test_prune_when_every_checkpoint_is_damaged_deletes_nothing(store):
+    for s in (10, 20, 30):
+        commit(store, s)
+        damage(store, s)
+    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=validate_and_record(store)) == []
+    assert store.committed_on_disk() == [10, 20, 30]
+
+
+def test_index_append_after_a_torn_last_line_starts_a_new_line(store):
+    commit(store, 10)
+    with open(store.root / layout.INDEX_NAME, "a") as f:
+        f.write('{"event": "commit", "step": 2')  # a crash mid-append
+    commit(store, 20)
+    log = store.event_log()
+    assert [(e.event, e.step) for e in log.events] == [("commit", 10), ("commit", 20)]
+    assert log.skipped == (2,)
+
+
+def test_a_garbage_latest_is_repaired_once_with_its_cause(store):
+    for s in (10, 20, 30):
+        commit(store, s)
+    (store.root / layout.LATEST_NAME).write_bytes(b"\x00garbage")
+    actions = store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    assert len(actions) == 1 and "LATEST" in actions[0] and "damaged" in actions[0] and "step_00000030" in actions[0]
+    assert store.read_latest() == 30
+    [repair] = [e for e in store.events() if e.event == "repair_latest"]
+    assert repair.step == 30 and "damaged" in repair.data["reason"]
+    assert not [e for e in store.events() if e.event == "roll_forward"]
+
+
+def test_a_step_that_never_existed_is_not_found(store):
+    commit(store, 10)
+    with pytest.raises(CkptError, match="step 7 does not exist") as err:
+        store.read_manifest(7)
+    assert err.value.exit_code == ExitCode.NOT_FOUND and "10" in err.value.hint

@@ -159,6 +159,25 @@ def test_damaged_newest_checkpoint_at_requeue_is_rolled_back(slurm, reference_ru
     assert_identical(reference_run, job)
 
 
+def test_scancel_stops_the_job_for_good_after_a_checkpoint(slurm, tmp_path, cancel_jobs):
+    """The chain requeues itself on USR1, and on a TERM that SLURM sends for the time limit; a
+    user's `scancel` (TERM, Reason=None) must stop it: checkpoint, no requeue."""
+    job = Job(tmp_path)
+    cancel_jobs.append(job)
+    job.wait_for_step(10)
+    job.wait_for(lambda: "ready: trap installed" in job.output() and "starting ckpt run" in job.output(), "readiness")
+    assert subprocess.run(["scancel", job.id]).returncode == 0
+    job.wait_done(timeout=60)
+    time.sleep(3)  # a requeued job would show up again as PENDING
+    assert job.state() == "", job.output()[-2000:]
+    out = job.output()
+    assert "not requeuing" in out and "requeuing (restart" not in out, out[-3000:]
+    events = [json.loads(line)["event"] for line in (job.run_dir / "events.jsonl").read_text().splitlines()]
+    assert "cancelled" in events and "requeue" not in events
+    store = CheckpointStore(job.ckpt)
+    assert store.read_latest() is not None and store.validate(store.read_latest()).ok
+
+
 def test_max_requeues_reached_ends_with_a_clear_final_state(slurm, tmp_path, cancel_jobs):
     job = Job(tmp_path, submit_opts=("--max-requeues", "0"))
     cancel_jobs.append(job)

@@ -60,3 +60,24 @@ def test_ckpt_plan_json_and_errors(capsys, tmp_path):
             main(bad)
         assert e.value.code == 2
         assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--mtbf-hours", "-3"], 2, "--mtbf-hours must be a positive number, got -3"),
+        (["--gpus", "8", "--gpu-mtbf-hours", "0"], 2, "--gpu-mtbf-hours must be a positive number, got 0"),
+        (["--mtbf-hours", "3", "--restart-seconds", "-1"], 2, "--restart-seconds must be a non-negative number, got -1"),
+        (["--mtbf-hours", "3", "--run-dir", "{tmp}/missing"], 3, "is not a directory"),
+        (["--mtbf-hours", "3", "--run-dir", "{tmp}"], 3, "holds no measured step time"),
+        (["--mtbf-hours", "3", "--run-dir", "{tmp}", "--step-seconds", "2"], 2, "exclude each other"),
+    ],
+)
+def test_ckpt_plan_names_the_option_and_value_the_user_gave(capsys, tmp_path, args, code, message):
+    from ckpt_tool.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--ckpt-seconds", "90", *(a.format(tmp=tmp_path) for a in args)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == code, err
+    assert message in err and "10800" not in err

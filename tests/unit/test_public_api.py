@@ -17,6 +17,15 @@ def test_unknown_name_is_an_attribute_error():
 
 
 def test_the_cli_does_not_import_torch_for_pointer_reads(tmp_path):
-    code = "import sys; from ckpt_tool.cli import main; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "False"
+    """`ckpt list DIR --latest` answers from LATEST alone: no torch import (seconds) on the way."""
+    (tmp_path / "LATEST").write_text("step_00000020\n")
+    (tmp_path / "step_00000020").mkdir()
+    (tmp_path / "step_00000020" / "ckpt_manifest.json").write_text("{}")
+    code = (
+        "import sys\n"
+        "from ckpt_tool.cli.main import main\n"
+        f"try:\n    main(['list', {str(tmp_path)!r}, '--latest'])\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+        "print('torch imported:', 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "20" and out[1] in ("exit 0", "exit None") and out[2] == "torch imported: False"

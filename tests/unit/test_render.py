@@ -32,7 +32,7 @@ def spec(**kw) -> JobSpec:
     "name, kw",
     [
         ("basic", {}),
-        ("full", dict(nodes=4, gpus_per_node=8, time="2-00:00:00", partition="gpu", account="ml", qos="high", constraint="h100",
+        ("full", dict(nodes=4, gpus_per_node=8, cpus_per_task=64, mem="400G", time="2-00:00:00", partition="gpu", account="ml", qos="high", constraint="h100&ib",
                       job_name="llm-7b", signal_lead_s=420, max_requeues=3, max_restarts=2, extra_sbatch=("--exclusive",), env=(("NCCL_DEBUG", "WARN"),))),
     ],
 )

@@ -30,11 +30,25 @@ def test_plan_keeps_the_global_batch(old, new_dp, expect):
 def test_refusal_lists_nearest_world_sizes_and_global_batches():
     with pytest.raises(CkptError) as err:
         plan_batch(BatchConfig(4, 1, 4), 3)  # G = 16
-    assert "nearest: 2, 4" in err.value.hint and "15 or 18" in err.value.hint
+    assert "nearest: 2 or 4" in err.value.hint and "15 or 18" in err.value.hint
 
 
-def test_preferred_micro_batch_is_used_when_it_divides():
+def test_a_global_batch_smaller_than_the_world_size_names_one_global_batch():
+    with pytest.raises(CkptError) as err:
+        plan_batch(BatchConfig(8, 1, 2), 32)  # G = 16 on 32 ranks
+    assert "to 32 (a multiple of 32" in err.value.hint and "32 or 32" not in err.value.hint and "nearest: 16" in err.value.hint
+
+
+def test_a_requested_micro_batch_is_used_when_it_divides_and_refused_when_not():
     assert plan_batch(BatchConfig(4, 1, 4), 2, micro_batch=2).new == BatchConfig(2, 4, 2)
+    with pytest.raises(CkptError) as err:
+        plan_batch(BatchConfig(8, 1, 2), 2, micro_batch=3)  # 8 per rank
+    assert err.value.exit_code == 2 and "--micro-batch 3 does not divide" in err.value.message
+    assert err.value.hint == "micro-batches that do: 1, 2, 4, 8"
+
+
+def test_a_preferred_micro_batch_gives_way_to_the_largest_that_divides():
+    assert plan_batch(BatchConfig(8, 1, 2), 2, prefer=3).new == BatchConfig(2, 4, 2)
 
 
 @pytest.mark.parametrize("batch", [BatchConfig(4, 1, 3), BatchConfig(2, 2, 3), BatchConfig(1, 12, 1), BatchConfig(3, 1, 4)])
@@ -46,4 +60,4 @@ def test_step_slices_tile_the_global_batch_exactly(batch):
 
 def test_shape_check():
     assert check_shapes({"w": (8, 4), "b": (8,), "scalar": ()}, 8) == []
-    assert check_shapes({"w": (2, 4), "b": (8,)}, 4) == ["w: dim 0 has 2 rows, fewer than 4 ranks"]
+    assert [str(p) for p in check_shapes({"w": (2, 4), "b": (8,)}, 4)] == ["w: dim 0 has 2 rows, fewer than 4 ranks"]

@@ -1,8 +1,8 @@
 import pytest
 
 from ckpt_tool.core.batch import BatchConfig, resolve_batch
-from ckpt_tool.core.exactness import trajectory_differences
-from ckpt_tool.core.index import committed_steps, format_event, parse_index
+from ckpt_tool.core.exactness import how_to_reproduce, trajectory_differences
+from ckpt_tool.core.index import format_event, parse_index
 from ckpt_tool.core.manifest import FileEntry
 from ckpt_tool.core.recovery import fallback_step
 from ckpt_tool.core.validation import DiskEntry, hash_problems, structure_problems
@@ -28,10 +28,12 @@ def test_trajectory_differences_name_each_reason():
     saved = {"world_size": 2, "threads": 1, "torch": "2.13.0", "dtype": "float32"}
     assert trajectory_differences(saved, dict(saved)) == []
     diffs = trajectory_differences(saved, {**saved, "threads": 2, "world_size": 4})
-    assert len(diffs) == 2 and any("thread count" in d for d in diffs) and any("reshard" in d for d in diffs)
+    assert len(diffs) == 2 and any("thread count" in d for d in diffs) and any("world size" in d for d in diffs)
+    assert how_to_reproduce(saved, {**saved, "threads": 2, "world_size": 4}) == ["--nproc 2", "OMP_NUM_THREADS=1"]
+    assert how_to_reproduce(saved, dict(saved)) == []
 
 
-def test_index_tolerates_torn_lines_and_tracks_live_steps():
+def test_index_skips_torn_and_garbage_lines_and_says_which():
     lines = [
         format_event("commit", 1.0, step=10),
         format_event("commit", 2.0, step=20),
@@ -41,9 +43,12 @@ def test_index_tolerates_torn_lines_and_tracks_live_steps():
         format_event("delete", 5.0, step=10),
         "garbage\n",
     ]
-    events = parse_index(lines)
-    assert [e.event for e in events] == ["commit", "commit", "quarantine", "commit", "delete"]
-    assert committed_steps(events) == [30]
+    log = parse_index(lines)
+    assert [e.event for e in log.events] == ["commit", "commit", "quarantine", "commit", "delete"]
+    assert log.skipped == (3, 7)
+    note = log.skipped_note("index.jsonl")
+    assert note is not None and "2 line(s)" in note and "line 3, 7" in note
+    assert parse_index(lines[:2]).skipped_note("index.jsonl") is None
 
 
 def test_fallback_step():

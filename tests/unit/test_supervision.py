@@ -77,11 +77,13 @@ def test_crash_loop_breaker_needs_failures_in_a_row_without_progress():
     assert not b.on_failure(20)  # progress: a new checkpoint was committed in between
     assert not b.on_failure(20)
     assert b.on_failure(20)
-    assert "3 failures in a row without progress past checkpoint step 20" in b.message()
+    assert "3 failures in a row without a new checkpoint (past checkpoint step 20)" in b.message()
 
 
 def test_crash_loop_before_any_checkpoint():
     b = CrashLoopBreaker(limit=2)
     assert not b.on_failure(None)
     assert b.on_failure(None)
-    assert "the start (no checkpoint yet)" in b.message()
+    assert "before any checkpoint was loaded or saved" in b.message()
+    # the ranks died before saying which checkpoint they resumed from: never claim there is none
+    assert "past checkpoint step 30" in b.message(on_disk=30) and "no checkpoint" not in b.message(on_disk=30)

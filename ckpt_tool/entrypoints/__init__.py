@@ -1,0 +1,33 @@
+"""Torchrun entry points of the offline ``ckpt`` commands, and how they report back.
+
+Each runs under ``torchrun`` as ``python -m MODULE RESULT.json ARGS``; rank 0 writes the result
+as JSON, or the ``CkptError`` that stopped it with its message, hint and exit code, so the
+command that started it reports the same error with the same code (never a scraped stderr).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from ckpt_tool.errors import CkptError
+from ckpt_tool.store.durable import atomic_write
+
+
+def run_and_report(result_path: Path, body: Callable[[], dict[str, Any]]) -> int:
+    """Run ``body`` on every rank (torch.distributed is initialised); rank 0 writes its result or
+    error to ``result_path``. Returns the process exit code (the error's, or 0)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    try:
+        result, code = body(), 0
+    except CkptError as exc:
+        result, code = {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}, exc.exit_code
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0:
+        atomic_write(result_path, (json.dumps(result, default=str) + "\n").encode())
+    return code

@@ -1,0 +1,61 @@
+"""``ckpt submit --dry-run``: the options a cluster admin reads in the script, and refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckpt_tool.cli.main import main
+
+
+def submit(capsys, tmp_path, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(["submit", "--ckpt-dir", str(tmp_path / "ckpts"), "--dry-run", *args])
+    out, err = capsys.readouterr()
+    return e.value.code or 0, out, " ".join(err.split())
+
+
+def test_constraint_syntax_of_slurm_is_accepted(capsys, tmp_path):
+    code, out, err = submit(capsys, tmp_path, "--constraint", "a100&ib", "--", "train.py")
+    assert code == 0, err
+    assert "#SBATCH --constraint=a100&ib" in out
+
+
+def test_cpus_default_to_one_per_rank_and_mem_is_passed(capsys, tmp_path):
+    code, out, _ = submit(capsys, tmp_path, "--nproc-per-node", "4", "--mem", "64G", "--", "train.py")
+    assert code == 0 and "#SBATCH --cpus-per-task=4" in out and "#SBATCH --mem=64G" in out
+    code, out, _ = submit(capsys, tmp_path, "--gpus-per-node", "8", "--cpus-per-task", "96", "--", "train.py")
+    assert code == 0 and "#SBATCH --cpus-per-task=96" in out
+
+
+def test_the_script_exports_ckpt_dir_and_asks_the_os_for_a_rendezvous_port(capsys, tmp_path):
+    code, out, _ = submit(capsys, tmp_path, "--", "train.py")
+    assert code == 0
+    assert f"export CKPT_DIR={tmp_path / 'ckpts'}" in out
+    assert 'RDZV_PORT=$("${CKPT[@]}" free-port)' in out
+    assert '--ckpt-dir "$CKPT_DIR"' in out
+
+
+def test_a_training_command_writing_elsewhere_is_refused(capsys, tmp_path):
+    code, out, err = submit(capsys, tmp_path, "--", "train.py", "--ckpt-dir", str(tmp_path / "other"))
+    assert code == 2 and "writes checkpoints to" in err and "CKPT_DIR" in err and not out
+    code, _, err = submit(capsys, tmp_path, "--", "train.py", f"--ckpt-dir={tmp_path / 'ckpts'}")
+    assert code == 0, err  # the same directory, given both ways
+
+
+def test_dry_run_json(capsys, tmp_path):
+    code, out, _ = submit(capsys, tmp_path, "--json", "--", "train.py")
+    report = json.loads(out)
+    assert code == 0 and report["dry_run"] is True and "#SBATCH --requeue" in report["script"]
+
+
+def test_free_port_prints_a_bindable_port(capsys):
+    import socket
+
+    with pytest.raises(SystemExit) as e:
+        main(["free-port"])
+    port = int(capsys.readouterr().out)
+    assert e.value.code in (0, None) and 1024 <= port < 65536
+    with socket.socket() as s:
+        s.bind(("", port))
