@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 
 from ckpt_tool import config
-from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table, size, when
+from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table, size, when, when_short
 from ckpt_tool.core import layout
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode
@@ -73,16 +73,16 @@ def list_checkpoints(
         print_json(listing.to_json(str(store.root)))
         return
     columns = [
-        Column("step", justify="right"),
-        Column("status", styles=STATUS_STYLES),
-        Column("latest", justify="center", terminal=lambda v: "*" if v else "", full=lambda v: "yes" if v else "no"),
-        Column("saved", "saved_at", terminal=when, full=when),
-        Column("size", "bytes", justify="right", terminal=size),
+        Column("step", justify="right", no_wrap=True),
+        Column("status", styles=STATUS_STYLES, no_wrap=True),
+        Column("", "latest", justify="center", terminal=lambda v: "*" if v else "", full=lambda v: "yes" if v else "no"),
+        Column("saved", "saved_at", terminal=when_short, full=when),
+        Column("size", "bytes", justify="right", terminal=size, no_wrap=True),
         Column("world", "world_size", justify="right"),
-        Column("global batch", justify="right"),
-        Column("probe loss", justify="right", terminal=lambda v: "-" if v is None else f"{v:.6g}"),
-        Column("last validated", terminal=when, full=when),
-        Column("path"),
+        Column("batch", "global_batch", justify="right"),
+        Column("probe loss", justify="right", terminal=lambda v: "-" if v is None else f"{v:.6g}", no_wrap=True),
+        Column("validated", "last_validated", terminal=when_short, full=when),
+        Column("path", on_terminal=False),
     ]
     rows = [(r.step, r.status, r.latest, r.committed_at, r.bytes, r.world_size, r.global_batch, r.probe_loss, r.last_validated, r.path) for r in listing.rows]
     print_table(columns, rows, title=f"checkpoints in {directory}")
@@ -100,7 +100,7 @@ def _problems_json(r: ValidationResult) -> dict[str, Any]:
 
 def validate(
     directory: Path = DirArg,
-    step: Optional[int] = typer.Option(None, "--step", min=0, help="Validate this step (default: the one LATEST names)."),
+    step: Optional[int] = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Validate this step (default: the one LATEST names)."),
     all_steps: bool = typer.Option(False, "--all", help="Validate every committed checkpoint (scrubbing)."),
     threads: int = typer.Option(4, min=1, help="Files hashed in parallel."),
     as_json: bool = JsonOpt,
@@ -168,7 +168,7 @@ def validate(
 # --------------------------------------------------------------------------- verify
 def verify(
     directory: Path = DirArg,
-    step: Optional[int] = typer.Option(None, "--step", min=0, help="Verify this step (default: the one LATEST names)."),
+    step: Optional[int] = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Verify this step (default: the one LATEST names)."),
     entry: Optional[str] = typer.Option(None, "--entry", help="module:function returning (model, loss_fn); default: the manifest's, then [tool.ckpt] entry_point."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks: >1 runs the check under torchrun (FSDP-sharded load). The saved world size gives a bit-exact check."),
     as_json: bool = JsonOpt,
@@ -236,7 +236,7 @@ def _verify_under_torchrun(directory: Path, step: int, entry: str | None, nproc:
 # --------------------------------------------------------------------------- rollback
 def rollback(
     directory: Path = DirArg,
-    to: Optional[int] = typer.Option(None, "--to", min=0, help="Move LATEST to this step."),
+    to: Optional[int] = typer.Option(None, "--to", min=0, max=layout.MAX_STEP, help="Move LATEST to this step."),
     auto: bool = typer.Option(False, "--auto", help="Walk back from LATEST, validating and verifying each, until one passes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing on disk."),
     entry: Optional[str] = typer.Option(None, "--entry", help="Entry point for verification (default: the manifest's)."),
@@ -328,7 +328,7 @@ def _check_out_dir(source: Path, out_dir: Path) -> None:
 def reshard(
     directory: Path = DirArg,
     world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of data-parallel ranks."),
-    step: Optional[int] = typer.Option(None, "--step", min=0, help="Default: the step LATEST names."),
+    step: Optional[int] = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Default: the step LATEST names."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."),
     in_place: bool = typer.Option(False, "--in-place", help="Record the plan in the checkpoint's manifest lineage (used at resume)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Also write a copy laid out for the new world size into this new directory."),

@@ -7,14 +7,13 @@ import tempfile
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from ckpt_tool.cli.output import Column, out, print_table
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, read_metrics, recipe_args, run, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
 
-console = Console()
+console = out
 
 
 def demo(
@@ -85,12 +84,13 @@ def _check(code: int, log: Path) -> None:
 
 def _print_table(reference, resumed, latest: int, crash_at: int) -> None:
     ref = {m.step: m for m in reference}
-    table = Table(title=f"steps around the crash (resumed from checkpoint {latest})")
-    for col in ("step", "reference loss", "after crash + resume", "loss, lr, grad norm same bits"):
-        table.add_column(col, justify="right")
     last_seen: dict[int, object] = {m.step: m for m in resumed}  # the line that survives for each step
+    rows = []
     for step in range(max(1, latest - 1), min(max(ref), crash_at + 3) + 1):
         r, c = ref[step], last_seen.get(step)
-        same = c == r
-        table.add_row(str(step), repr(r.loss), repr(c.loss) if c else "-", "[green]yes[/]" if same else "[red]NO[/]")
-    console.print(table)
+        rows.append((step, repr(r.loss), repr(c.loss) if c else "-", "yes" if c == r else "NO"))
+    print_table(
+        [Column("step", justify="right"), Column("reference loss", justify="right"), Column("after crash + resume", justify="right"), Column("loss, lr, grad norm same bits", "same_bits", justify="right", styles={"yes": "green", "NO": "red"})],
+        rows,
+        title=f"steps around the crash (resumed from checkpoint {latest})",
+    )

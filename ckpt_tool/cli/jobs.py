@@ -288,6 +288,8 @@ def status(
                 except CkptError as exc:
                     notes.append(f"newest checkpoint: {exc.message}")
     state = job_state(job_id) if job_id else None
+    if target.isdigit() and state is None:
+        raise CkptError(f"SLURM knows no job {target}", "it may have ended before MinJobAge (`sacct -c` keeps finished jobs only with jobcomp): pass the --ckpt-dir of the run instead", ExitCode.NOT_FOUND)
     report["job_id"] = job_id
     report["job_state"] = state.state if state else None
     report["slurm_restarts"] = state.restarts if state else None

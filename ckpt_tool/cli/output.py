@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -25,7 +26,7 @@ from rich.text import Text
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
-__all__ = ["out", "err", "escape", "Column", "print_table", "print_json", "human", "when", "size", "shorten", "is_terminal"]
+__all__ = ["out", "err", "escape", "Column", "print_table", "print_json", "human", "when", "when_short", "size", "shorten", "is_terminal"]
 
 
 def is_terminal() -> bool:
@@ -49,6 +50,10 @@ def human(value: Any) -> str:
 
 def when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def when_short(t: float | None) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def size(n: int | None) -> str:
@@ -75,6 +80,8 @@ class Column:
     terminal: Callable[[Any], str] = human  # how a cell looks on a terminal
     full: Callable[[Any], str] = human  # and in a pipe: the full value
     styles: Mapping[str, str] = field(default_factory=dict)  # cell text -> Rich style (terminal)
+    on_terminal: bool = True  # False: only in a pipe (e.g. a path the terminal view does not need)
+    no_wrap: bool = False  # never folded or cut on a terminal (short keys such as a status)
 
     @property
     def header(self) -> str:
@@ -88,14 +95,16 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], title:
         lines += ["\t".join(c.full(v).replace("\t", " ").replace("\n", " ") for c, v in zip(columns, row)) for row in rows]
         sys.stdout.write("\n".join(lines) + "\n")
         return
-    table = Table(title=Text(title) if title is not None else None)
-    for c in columns:
-        table.add_column(Text(c.title), justify=c.justify)  # type: ignore[arg-type]
+    shown = [i for i, c in enumerate(columns) if c.on_terminal]
+    table = Table(title=Text(title) if title is not None else None, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for i in shown:
+        c = columns[i]
+        table.add_column(Text(c.title), justify=c.justify, no_wrap=c.no_wrap)  # type: ignore[arg-type]
     for row in rows:
         cells = []
-        for c, v in zip(columns, row):
-            text = c.terminal(v)
-            cells.append(Text(text, style=c.styles.get(text, "")))
+        for i in shown:
+            text = columns[i].terminal(row[i])
+            cells.append(Text(text, style=columns[i].styles.get(text, "")))
         table.add_row(*cells)
     out.print(table)
 

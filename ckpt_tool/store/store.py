@@ -167,6 +167,14 @@ class CheckpointStore:
                 "another save, prune or rollback is running on this directory; retry when it ends",
                 ExitCode.CONFLICT,
             ) from None
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise CkptError(
+                f"cannot change {self.root}: {exc.strerror} (nothing was changed)",
+                "run where the directory is writable, as its owner; the checks (list, validate, verify, --dry-run) work on a read-only directory",
+                ExitCode.USAGE,
+            ) from None
         try:
             if check_owner:
                 self._check_still_owner()

@@ -212,6 +212,8 @@ def test_latest_holding_garbage(ckpt, capsys):
     [
         (("list", "/nonexistent/ckpts"), 3, "does not exist"),
         (("validate", "{ckpt}", "--step", "-1"), 2, ""),
+        (("validate", "{ckpt}", "--step", "999999999999"), 2, "less than or equal to 99999999"),
+        (("status", "99999999"), 3, "SLURM knows no job 99999999"),
         (("validate", "{ckpt}", "--step", "7"), 3, "step 7 does not exist"),
         (("verify", "{ckpt}", "--step", "7"), 3, "step 7 does not exist"),
         (("reshard", "{ckpt}", "--world-size", "1", "--step", "7"), 3, "step 7 does not exist"),

@@ -189,6 +189,9 @@ def test_checks_work_on_a_read_only_directory_and_change_nothing(read_only_copy,
     assert code == 0 and result["would_delete"] == [5, 10, 15], err
     code, out, err = cli(capsys, "validate", read_only_copy)
     assert code == 0 and "step 20: valid" in out and "note:" in err and "Traceback" not in err
+    for change in (("prune", "--keep-last", "1"), ("rollback", "--to", "15"), ("reshard", "--world-size", "1", "--in-place")):
+        code, _, err = cli(capsys, change[0], read_only_copy, *change[1:])
+        assert code == 2 and "cannot change" in err and "Read-only" in err and "Traceback" not in err, (change, err)
     assert snapshot(read_only_copy) == before
 
 
