@@ -231,6 +231,16 @@ def test_a_shard_this_user_cannot_read_is_not_damage(shard_nobody_cannot_read, a
     assert snapshot(target) == before  # nothing quarantined, nothing recorded as invalid
 
 
+def test_a_run_directory_this_user_cannot_read_is_a_clear_error(shard_nobody_cannot_read, tmp_path):
+    target = shard_nobody_cannot_read
+    (target / "run").mkdir()
+    (target / "run" / "events.jsonl").write_text('{"event": "start", "time": 1.0}\n')
+    os.chmod(target / "run" / "events.jsonl", 0o600)  # root's
+    for command in ("history", "status"):
+        code, text = cli_as_nobody([command, str(target)], target)
+        assert code == 2 and "permission denied reading" in text and "Traceback" not in text, text
+
+
 def test_resume_with_a_shard_it_cannot_read_refuses_and_quarantines_nothing(tmp_path):
     """The training counterpart: not damage, so no quarantine and no fallback to an older step."""
     if os.geteuid() != 0:

@@ -210,10 +210,12 @@ def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervis
     s = supervised(steps=6, save_every=3, name="by-ckpt-dir")
     s.argv = [a for a in s.argv]
     i = s.argv.index("--run-dir")
-    s.argv[i : i + 2] = ["--ckpt-dir", str(s.ckpt)]
+    s.argv[i : i + 2] = ["--ckpt-dir", str(s.ckpt), "--json"]
     s.run_dir = s.ckpt / "run"
     assert s.run() == ExitCode.OK, s.tail()
     assert [e["event"] for e in s.events()][-1] == "finished"
+    printed = [json.loads(line) for line in s.tail().splitlines() if line.startswith('{"')]  # --json: one event per line
+    assert [e["event"] for e in printed][-1] == "finished" and printed == s.events()[-len(printed):]
     status = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "status", str(s.ckpt), "--json"], capture_output=True, text=True, timeout=60)
     report = json.loads(status.stdout)
     assert report["run_dir"] == str(s.ckpt / "run") and report["newest_checkpoint"] == 6
