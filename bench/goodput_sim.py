@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import common
-from ckpt_tool.supervise.events import read_events
 from common import Result, Row
+
+from ckpt_tool.supervise.events import read_events
 
 RECIPE = "ckpt_tool.recipes.tiny_gpt"
 FAST_ARGS = ("--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")

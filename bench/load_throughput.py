@@ -110,7 +110,7 @@ def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str
     p = loader.phases
     with (
         p.wrap(CheckpointStore, "clean_up_after_crash", "crash_cleanup"),
-        p.wrap(CheckpointStore, "validate", "store_validate"),
+        p.wrap(CheckpointStore, "check_files", "store_check_files"),
         p.wrap(manager_module, "get_state_dict", "get_state_dict"),
         p.wrap(dcp, "load", "dcp_load"),
         p.wrap(manager_module, "set_state_dict", "set_state_dict"),

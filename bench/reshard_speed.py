@@ -70,7 +70,7 @@ T_IMPORTED = time.time()
 DYNAMO_BEFORE = "torch._dynamo" in sys.modules
 phases = common.PhaseTimer()
 with phases.wrap(reshard_main, "init_distributed", "init_distributed"), \\
-        phases.wrap(reshard_main, "plan_reshard", "plan"), \\
+        phases.wrap(reshard_main, "check_reshard", "plan"), \\
         phases.wrap(reshard_main, "_targets", "targets"), \\
         phases.wrap(reshard_main, "load_state", "load"), \\
         phases.wrap(dcp, "save", "save"), \\
@@ -274,7 +274,7 @@ def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
         return seconds, split
 
     with (
-        phases.wrap(manager_module, "validate_step", "structure_check"),
+        phases.wrap(manager_module, "validate_checkpoint", "structure_check"),
         phases.wrap(manager_module, "get_state_dict", "get_state_dict"),
         phases.wrap(manager_module, "load_state", "dcp_load_hash_checked"),
         phases.wrap(manager_module, "set_state_dict", "set_state_dict"),

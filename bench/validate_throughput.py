@@ -9,11 +9,11 @@ repetitions:
   them once (warm);
 * raw cold, 4 threads (info): the same files read in a pool of 4 threads, one file per task, as
   the hashing reads them: the same I/O pattern without the hash;
-* validate cold / warm: ``ckpt_tool.training.validate.validate_step(CheckpointStore(dir), step,
+* validate cold / warm: ``ckpt_tool.training.validation.validate_checkpoint(CheckpointStore(dir), step,
   threads=4)`` (what ``ckpt validate`` calls: manifest, structure, xxh3 of every file in 4
   threads, DCP metadata readable), same eviction. The result must be ``ok``.
 
-Throughput = bytes of the step directory's files / seconds. The phases of validate_step (hashing,
+Throughput = bytes of the step directory's files / seconds. The phases of validate_checkpoint (hashing,
 DCP metadata) are timed by wrapping the functions it calls. Eviction: fsync +
 ``POSIX_FADV_DONTNEED`` per file, then ``drop_caches=3`` when allowed (root), checked with
 ``fincore``. Target: validate cold >= 0.8 x raw read cold (one thread, as figure 3's reference).
@@ -21,7 +21,7 @@ DCP metadata) are timed by wrapping the functions it calls. Eviction: fsync +
 CLI, for information: ``.venv/bin/ckpt validate DIR --json`` as a subprocess, wall time
 (interpreter start, imports, the index record it appends), with the checkpoint's files evicted
 by fadvise only (no drop_caches: the Python and torch libraries stay as cached as the OS has
-them); reference: validate_step cold, in process.
+them); reference: validate_checkpoint cold, in process.
 
 Memory: a fresh process of this script (``--part memory``) imports ckpt_tool and torch,
 validates one checkpoint, and reports VmHWM (its peak RSS) and the peak added by the validation
@@ -50,7 +50,7 @@ CHUNK = 8 << 20  # ckpt_tool.store.checksums.CHUNK_BYTES: one read buffer per ha
 MEMORY_TOLERANCE_BYTES = 2 * CHUNK  # noise: how many hashing threads hold a buffer at the same time
 THREADS = 4
 STEP = 1
-IMPORTS = "import ckpt_tool.cli.main, ckpt_tool.training.validate"
+IMPORTS = "import ckpt_tool.cli.main, ckpt_tool.training.validation"
 VARIANTS = ("raw_cold", "validate_cold", "raw_warm", "validate_warm", "raw4_cold")
 
 
@@ -83,11 +83,11 @@ class Runner:
         return seconds, None
 
     def validate(self, cold: bool) -> tuple[float, dict[str, float]]:
-        from ckpt_tool.training.validate import validate_step
+        from ckpt_tool.training.validation import validate_checkpoint
 
         self.prepare(cold)
         self.phases.take()
-        seconds, result = common.timed(lambda: validate_step(self.store, STEP, threads=THREADS))
+        seconds, result = common.timed(lambda: validate_checkpoint(self.store, STEP, threads=THREADS))
         assert result.ok, result.problems
         return seconds, self.phases.take()
 
@@ -116,7 +116,7 @@ class Runner:
 
 def measure(runner: Runner, reps: int, cli_reps: int) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]], dict[str, list[float]]]:
     import ckpt_tool.store.store as store_module
-    import ckpt_tool.training.validate as validate_module
+    import ckpt_tool.training.validation as validate_module
 
     p = runner.phases
     with (
@@ -136,9 +136,9 @@ def measure(runner: Runner, reps: int, cli_reps: int) -> tuple[dict[str, list[fl
 
 # ----------------------------------------------------------------------------- memory (fresh process)
 def memory_part(directory: Path) -> dict[str, Any]:
-    """In a fresh process: VmHWM of the process, and the peak added by validate_step alone."""
+    """In a fresh process: VmHWM of the process, and the peak added by validate_checkpoint alone."""
     from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.training.validate import validate_step
+    from ckpt_tool.training.validation import validate_checkpoint
 
     store = CheckpointStore(directory)
     step = store.read_latest()
@@ -147,7 +147,7 @@ def memory_part(directory: Path) -> dict[str, Any]:
     hwm_before = common.peak_rss_bytes()
     reset = common.reset_peak_rss()
     with common.RssSampler() as sampler:
-        result = validate_step(store, step, threads=THREADS)
+        result = validate_checkpoint(store, step, threads=THREADS)
     assert result.ok, result.problems
     hwm = common.peak_rss_bytes()
     return {
@@ -191,12 +191,12 @@ def report(runner: Runner, times: dict[str, list[float]], phases: dict[str, list
         raw, val = tput[f"raw_{temp}"], tput[f"validate_{temp}"]
         ratio = val.median / raw.median
         target, met = common.at_least(ratio, TARGET) if temp == "cold" else ("-", None)
-        label = f"validate_step(threads={THREADS}), {temp}" + (" (info)" if temp == "warm" else "")
+        label = f"validate_checkpoint(threads={THREADS}), {temp}" + (" (info)" if temp == "warm" else "")
         result.rows.append(Row(label, val.fmt(2, "GB/s"), f"raw read {temp} {raw.fmt(2, 'GB/s')}", round(ratio, 3), target, met))
     raw4, val = tput["raw4_cold"], tput["validate_cold"]
-    result.rows.append(Row(f"validate_step(threads={THREADS}), cold, vs a raw read in {THREADS} threads, one file each (info)", val.fmt(2, "GB/s"), f"raw read cold, {THREADS} threads {raw4.fmt(2, 'GB/s')}", round(val.median / raw4.median, 3)))
+    result.rows.append(Row(f"validate_checkpoint(threads={THREADS}), cold, vs a raw read in {THREADS} threads, one file each (info)", val.fmt(2, "GB/s"), f"raw read cold, {THREADS} threads {raw4.fmt(2, 'GB/s')}", round(val.median / raw4.median, 3)))
     cli_s, val_s = Stats.of(cli["validate"]), Stats.of(times["validate_cold"])
-    result.rows.append(Row("`ckpt validate DIR --json` wall time, cold (info)", cli_s.fmt(2, "s"), f"validate_step cold {val_s.fmt(2, 's')}", round(cli_s.median / val_s.median, 3)))
+    result.rows.append(Row("`ckpt validate DIR --json` wall time, cold (info)", cli_s.fmt(2, "s"), f"validate_checkpoint cold {val_s.fmt(2, 's')}", round(cli_s.median / val_s.median, 3)))
 
     def med(size: str, key: str) -> Stats:
         return Stats.of([m[key] for m in mem[size]])
@@ -209,7 +209,7 @@ def report(runner: Runner, times: dict[str, list[float]], phases: dict[str, list
     target = f"difference <= {MEMORY_TOLERANCE_BYTES / MB:.1f} MB"
     result.rows.append(
         Row(
-            f"peak RSS added by validate_step, {big_b / GB:.2f} GB checkpoint (VmHWM - RSS before)",
+            f"peak RSS added by validate_checkpoint, {big_b / GB:.2f} GB checkpoint (VmHWM - RSS before)",
             added_big.scaled(1 / MB).fmt(1, "MB"),
             f"same, {small_b / GB:.2f} GB checkpoint: {added_small.scaled(1 / MB).fmt(1, 'MB')}",
             round(ratio, 4),

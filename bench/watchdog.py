@@ -73,8 +73,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import common
-from ckpt_tool.supervise.events import read_events
 from common import Result, Row, Stats
+
+from ckpt_tool.supervise.events import read_events
 
 BEATS_PER_STEP = 3
 BEAT_TARGET = 0.01

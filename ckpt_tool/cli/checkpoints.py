@@ -111,7 +111,7 @@ def validate(
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn  # noqa: PLC0415
 
-    from ckpt_tool.training.validate import validate_step  # noqa: PLC0415 - torch import only when needed
+    from ckpt_tool.training.validation import validate_checkpoint  # noqa: PLC0415 - torch import only when needed
 
     if all_steps and step is not None:
         raise CkptError("--step and --all exclude each other", "give one of them", ExitCode.USAGE)
@@ -131,7 +131,7 @@ def validate(
         task = progress.add_task("hashing", total=total or None)
         for s in steps:
             progress.update(task, description=f"step {s}")
-            result = validate_step(store, s, threads=threads, on_bytes=lambda n: progress.advance(task, n))
+            result = validate_checkpoint(store, s, threads=threads, on_bytes=lambda n: progress.advance(task, n))
             if not (result.unreadable and not result.problems):  # a check that could not run records nothing
                 notes.append(store.record_check(s, "validated", result.ok, [str(p) for p in result.problems]) or "")
             results.append(result)
@@ -178,9 +178,9 @@ def verify(
     step = resolve_step(store, step)
     entry = entry or store.read_manifest(step).entry_point or config.default("entry_point")
     if nproc == 1:
-        from ckpt_tool.training.verify import verify_step  # noqa: PLC0415
+        from ckpt_tool.ops.verify import verify_checkpoint  # noqa: PLC0415
 
-        report = verify_step(store, step, entry).to_json()
+        report = verify_checkpoint(store, step, entry).to_json()
     else:
         report = _verify_under_torchrun(directory, step, entry, nproc)
     failed = [f"{c['name']}: recorded {c['recorded']!r}, measured {c['measured']!r}" for c in report["checks"] if not c["ok"]]
@@ -244,7 +244,7 @@ def rollback(
     as_json: bool = JsonOpt,
 ) -> None:
     """Move LATEST back to a good checkpoint; newer ones are moved into quarantine/ (never deleted)."""
-    from ckpt_tool.training.rollback import rollback as do_rollback  # noqa: PLC0415
+    from ckpt_tool.ops.rollback import rollback as do_rollback  # noqa: PLC0415
 
     if to is not None and auto:
         raise CkptError("--to and --auto exclude each other", "give one of them", ExitCode.USAGE)
@@ -286,13 +286,13 @@ def prune(
     one that fails is recorded invalid and no longer counts, so a directory is never left
     without a checkpoint that passes validation.
     """
-    from ckpt_tool.training.validate import validate_step  # noqa: PLC0415
+    from ckpt_tool.training.validation import validate_checkpoint  # noqa: PLC0415
 
     store = open_checkpoints(directory)
     notes: list[str] = []
 
     def confirm(step: int) -> bool:
-        result = validate_step(store, step)
+        result = validate_checkpoint(store, step)
         if result.unreadable and not result.problems:
             raise store.permission_denied(store.step_path(step) / result.unreadable[0])
         if not dry_run:
@@ -336,14 +336,14 @@ def reshard(
     as_json: bool = JsonOpt,
 ) -> None:
     """Check that a checkpoint loads at a new world size and plan the batch split that keeps the global batch."""
-    from ckpt_tool.training.reshard import plan_reshard, record_plan  # noqa: PLC0415
+    from ckpt_tool.ops.reshard import check_reshard, record_plan  # noqa: PLC0415
 
     if in_place and out_dir is not None:
         raise CkptError("--in-place and --out exclude each other", "give one of them", ExitCode.USAGE)
     store = open_checkpoints(directory)
     if out_dir is not None:
         _check_out_dir(directory, out_dir)
-    report = plan_reshard(store, resolve_step(store, step), world_size, micro_batch)
+    report = check_reshard(store, resolve_step(store, step), world_size, micro_batch)
     if in_place and not dry_run:
         record_plan(store, report)
     if out_dir is not None and not dry_run:

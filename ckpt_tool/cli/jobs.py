@@ -196,7 +196,7 @@ def recover(
     as_json: bool = JsonOpt,
 ) -> None:
     """Once per (re)start, before training: validate the newest checkpoint, roll back if damaged, check the world size."""
-    from ckpt_tool.training.recover import recover as do_recover  # noqa: PLC0415
+    from ckpt_tool.ops.recover import recover as do_recover  # noqa: PLC0415
 
     decision = do_recover(ckpt_dir, world_size, run_dir)
     if as_json:

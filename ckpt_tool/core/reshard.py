@@ -16,6 +16,7 @@ of one step tile ``[p, p + G)`` exactly, whatever the world size: no sample skip
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.errors import CkptError, ExitCode
@@ -72,6 +73,56 @@ def plan_batch(old: BatchConfig, new_dp: int, micro_batch: int | None = None, pr
     wanted = prefer or old.micro_batch
     micro = max(d for d in _divisors(per_rank) if d <= wanted)
     return ReshardPlan(old, BatchConfig(micro, per_rank // micro, new_dp))
+
+
+def recorded_plan(lineage: Sequence[Mapping[str, Any]], new_dp: int) -> BatchConfig | None:
+    """The newest plan ``ckpt reshard --in-place`` recorded for ``new_dp`` ranks, if any (an
+    unreadable entry is ignored: the default plan applies)."""
+    for entry in reversed(lineage):
+        if entry.get("event") == "reshard_plan" and entry.get("world_size") == new_dp:
+            b = entry.get("batch")
+            try:
+                return BatchConfig(int(b["micro_batch"]), int(b["grad_accum"]), int(b["dp_size"]))  # type: ignore[index]
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None
+
+
+def plan_resume(
+    saved: BatchConfig | None,
+    saved_world: int,
+    lineage: Sequence[Mapping[str, Any]],
+    new_dp: int,
+    micro_batch: int | None = None,
+    requested: BatchConfig | None = None,
+) -> ReshardPlan:
+    """The one plan for continuing a checkpoint on ``new_dp`` data-parallel ranks.
+
+    ``ckpt recover`` (what the next start will do), ``ckpt reshard`` (dry run, ``--in-place``,
+    ``--out``) and ``resume()`` all call this, so what a command reports is what the training does.
+    It depends only on what the checkpoint records and on an explicit ``micro_batch`` (``ckpt
+    reshard --micro-batch``, a demand): a plan recorded for this size (``ckpt reshard --in-place``)
+    wins over the default, which keeps the saved micro-batch when it divides the new per-rank
+    share (more accumulation on fewer ranks: the same memory per rank), else the largest that does.
+    The global batch is never changed: ``requested`` (the run's own split) must keep it.
+    """
+    if saved is None:
+        raise CkptError(
+            f"the checkpoint was written by {saved_world} ranks and records no batch split, so the global batch cannot be kept on {new_dp}",
+            "resume with the original world size, or pass batch= to CheckpointManager when saving",
+            ExitCode.CONFLICT,
+        )
+    if requested is not None and requested.global_batch != saved.global_batch:
+        raise CkptError(
+            f"this run asks for global batch {requested.global_batch}, the checkpoint was trained with {saved.global_batch}",
+            "resume with the checkpoint's global batch (resharding keeps it); changing it is a new experiment",
+            ExitCode.CONFLICT,
+        )
+    if micro_batch is None:
+        recorded = recorded_plan(lineage, new_dp)
+        if recorded is not None and recorded.global_batch == saved.global_batch and recorded.dp_size == new_dp:
+            return ReshardPlan(saved, recorded)
+    return plan_batch(saved, new_dp, micro_batch=micro_batch)
 
 
 def step_slices(position: int, batch: BatchConfig) -> dict[tuple[int, int], tuple[int, int]]:

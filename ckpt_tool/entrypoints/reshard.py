@@ -24,20 +24,21 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, empty as dtensor_empty
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor import empty as dtensor_empty
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.manifest import FileEntry, Manifest
 from ckpt_tool.entrypoints import run_and_report
+from ckpt_tool.ops.reshard import check_reshard
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_staged
-from ckpt_tool.training.manager import DEFAULT_IO_THREADS
 from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.hashing_fs import HashingFileSystem
-from ckpt_tool.training.reshard import plan_reshard
+from ckpt_tool.training.manager import DEFAULT_IO_THREADS
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
 
 
@@ -75,7 +76,7 @@ def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, micro: int | None)
     """Load step ``step`` of ``src`` into targets laid out for this world size and commit it in ``dst``."""
     store, world = CheckpointStore(src), comm.world_size
     manifest = store.read_manifest(step)
-    report = plan_reshard(store, step, world, micro)
+    report = check_reshard(store, step, world, micro)
     path = store.step_path(step)
     verify_fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n), {f.path: f for f in manifest.files})
     with verify_fs.create_stream(path / layout.DCP_METADATA_NAME, "rb") as f:

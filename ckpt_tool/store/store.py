@@ -24,12 +24,12 @@ import psutil
 from filelock import BaseFileLock, FileLock, SoftFileLease, Timeout
 
 from ckpt_tool.core import layout
+from ckpt_tool.core.file_checks import DiskEntry, Problem, hash_problems, structure_problems
 from ckpt_tool.core.index import EventLog, IndexEvent, format_event, known_invalid, parse_index
 from ckpt_tool.core.listing import Listing, build_rows, latest_problem
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.ownership import Owner, decide, same_claim
 from ckpt_tool.core.retention import RetentionPolicy, kept_candidates, steps_to_delete
-from ckpt_tool.core.validation import DiskEntry, Problem, hash_problems, structure_problems
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import hash_files
 from ckpt_tool.store.durable import append_line, atomic_write, current_umask, fsync_dir
@@ -268,7 +268,7 @@ class CheckpointStore:
             raise self.permission_denied(self.step_path(step)) from None
         return entries
 
-    def validate(
+    def check_files(
         self,
         step: int,
         ranks: set[int] | None = None,

@@ -42,12 +42,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
 from ckpt_tool.core.ownership import Owner
 from ckpt_tool.core.recovery import fallback_step
-from ckpt_tool.core.reshard import ReshardPlan, plan_batch
+from ckpt_tool.core.reshard import ReshardPlan, plan_resume
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.store.checksums import binding_seed
@@ -57,10 +57,9 @@ from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_staged
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 from ckpt_tool.training.heartbeat import heartbeat
-from ckpt_tool.training.probe import ProbeSpec, measure
+from ckpt_tool.training.probe import ProbeSpec, check_loaded_model, current_env, measure
 from ckpt_tool.training.safe_dcp import dcp_failures, load_state
-from ckpt_tool.training.validate import validate_step
-from ckpt_tool.training.verify import check_loaded_model, current_env
+from ckpt_tool.training.validation import validate_checkpoint
 
 log = logging.getLogger("ckpt_tool")
 OWNER_REFRESH_S = 30.0  # how often the writing job says it is alive (one small write)
@@ -194,7 +193,7 @@ class CheckpointManager:
         """
         self.wait()
         self._claim_directory()
-        for action in self.comm.on_coordinator(lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_step(self.store, s).ok)):
+        for action in self.comm.on_coordinator(lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(self.store, s).ok)):
             log.warning("ckpt: %s", action)
         for _ in range(self.config.max_fallbacks + 1):
             candidate = self.comm.on_coordinator(self._candidate)
@@ -277,7 +276,7 @@ class CheckpointManager:
             return []
 
         def check() -> list[str]:
-            result = validate_step(self.store, step, hashes=False)
+            result = validate_checkpoint(self.store, step, hashes=False)
             if result.unreadable and not result.problems:
                 raise self.store.permission_denied(self.store.step_path(step) / result.unreadable[0])
             return [str(p) for p in result.problems]
@@ -359,33 +358,14 @@ class CheckpointManager:
         return []
 
     def _plan_reshard(self, manifest: Manifest) -> None:
-        """A different world size: keep the global batch (more or less accumulation), never
-        change it silently. A plan stored by `ckpt reshard --in-place` for this size wins."""
-        world = self.comm.world_size
-        if manifest.batch is None:
-            raise CkptError(
-                f"checkpoint step {manifest.step} was written by {manifest.world_size} ranks, this run has {world}, and it records no batch split",
-                "resume with the original world size, or pass batch= to CheckpointManager when saving",
-                ExitCode.CONFLICT,
-            )
-        stored = [x for x in manifest.lineage if x.get("event") == "reshard_plan" and x.get("world_size") == world]
-        if stored:
-            b = stored[-1]["batch"]
-            plan = ReshardPlan(manifest.batch, BatchConfig(b["micro_batch"], b["grad_accum"], b["dp_size"]))
-        else:
-            wanted = self.batch.micro_batch if self.batch is not None and self.batch.global_batch == manifest.batch.global_batch else None
-            plan = plan_batch(manifest.batch, world, prefer=wanted)
-        if self.batch is not None and self.batch.global_batch != plan.new.global_batch:
-            raise CkptError(
-                f"this run asks for global batch {self.batch.global_batch}, the checkpoint was trained with {plan.new.global_batch}",
-                "resume with the checkpoint's global batch (resharding keeps it); changing it is a new experiment",
-                ExitCode.CONFLICT,
-            )
+        """A different world size: the one plan (``core.reshard.plan_resume``, the same ``ckpt
+        recover`` reports) keeps the global batch and never changes it silently."""
+        plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, self.comm.world_size, requested=self.batch)
         self._plan = plan
         self.batch = plan.new
         log.warning(
             "ckpt: resharding step %d from %d to %d ranks: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d kept",
-            manifest.step, manifest.world_size, world, plan.new.micro_batch, plan.new.grad_accum, plan.old.micro_batch, plan.old.grad_accum, plan.new.global_batch,
+            manifest.step, manifest.world_size, self.comm.world_size, plan.new.micro_batch, plan.new.grad_accum, plan.old.micro_batch, plan.old.grad_accum, plan.new.global_batch,
         )
 
     def _read_rank_state(self, path: Path, verify_fs: HashingFileSystem, saved_world: int) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The probe: loss and gradient norm of the saved parameters on a fixed batch.
 
-Measured at save time and stored in the manifest; verification recomputes them after a load.
+Measured at save time and stored in the manifest; after a load, ``check_loaded_model`` measures
+it again on the model that now holds the checkpoint's parameters (in the training loop at
+resume, and offline for ``ckpt verify``) and compares (``core.probe_checks``).
 Measuring does not disturb training: existing ``.grad`` are put back, the optimizer is not
 touched, RNG streams are forked, and the model runs in eval mode (no dropout) and is put back
 in the mode it was in. Under FSDP every rank runs the probe on the same (replicated) batch, so
@@ -15,7 +17,16 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ckpt_tool.core import layout
+from ckpt_tool.core.exactness import how_to_reproduce, trajectory_differences
 from ckpt_tool.core.manifest import Probe
+from ckpt_tool.core.probe_checks import Check, probe_checks
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training import state_codec
+from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
+
+EXACT_KEYS = ("world_size", "threads", "torch", "dtype", "device_type")
 
 
 @dataclass(frozen=True)
@@ -51,3 +62,77 @@ def measure(model: nn.Module, spec: ProbeSpec, lr: float, step: int) -> Probe:
         for p, g in zip(params, saved_grads):
             p.grad = g
         model.train(was_training)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    step: int
+    checks: tuple[Check, ...]
+    exact: bool
+    differences: tuple[str, ...]  # why the comparison is not bit-exact
+    reproduce: tuple[str, ...] = ()  # options/settings that would make it bit-exact, e.g. "--nproc 2"
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "ok": self.ok,
+            "exact": self.exact,
+            "differences": list(self.differences),
+            "reproduce": list(self.reproduce),
+            "checks": [c.to_json() for c in self.checks],
+        }
+
+
+def load_probe_batch(path: Any, process_group: Any = None) -> dict[str, torch.Tensor]:
+    """Allocate the stored probe tensors from the (safely read) DCP metadata, then load them."""
+    with open(path / layout.DCP_METADATA_NAME, "rb") as f:
+        metadata = load_metadata_safely(f)
+    batch = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if key.startswith("probe.") and hasattr(meta, "size"):
+            batch[key.removeprefix("probe.")] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    if not batch:
+        raise CkptError(f"{path} holds no probe batch", "the checkpoint was saved without a probe: only `ckpt validate` applies", ExitCode.FAILED)
+    state = {"probe": batch}
+    load_state(state, path, process_group=process_group, no_dist=not torch.distributed.is_initialized())
+    return state["probe"]
+
+
+def current_env(model: nn.Module, world_size: int) -> dict[str, Any]:
+    first = next(model.parameters(), None)
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "world_size": world_size,
+        "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
+        "device_type": first.device.type if first is not None else None,
+    }
+
+
+def check_loaded_model(
+    model: nn.Module,
+    loss_fn: Callable[..., torch.Tensor],
+    store: CheckpointStore,
+    step: int,
+    world_size: int,
+    process_group: Any = None,
+) -> VerifyReport:
+    """The four checks on a model that already holds the checkpoint's parameters."""
+    manifest = store.read_manifest(step)
+    if manifest.probe is None:
+        raise CkptError(f"step {step} has no recorded probe", "only `ckpt validate` applies to checkpoints saved without a probe", ExitCode.FAILED)
+    path = store.step_path(step)
+    rank_file = path / layout.rank_state_name(0)  # step and scheduler are job-wide: rank 0 has them at any world size
+    rank_state = state_codec.loads(rank_file.read_bytes(), str(rank_file))
+    sched = rank_state.get("scheduler") or {}
+    lr = float(sched["_last_lr"][0]) if sched.get("_last_lr") else None
+    measured = measure(model, ProbeSpec(load_probe_batch(path, process_group), loss_fn), lr or 0.0, step)
+    saved = {k: manifest.env.get(k) for k in EXACT_KEYS if k in manifest.env}
+    now = current_env(model, world_size)
+    differences = tuple(trajectory_differences(saved, now))
+    checks = probe_checks(manifest.probe, manifest.step, rank_state.get("step"), lr, measured, exact=not differences)
+    return VerifyReport(step, tuple(checks), not differences, differences, tuple(how_to_reproduce(saved, now)))

@@ -41,7 +41,7 @@ def check_invariants(store: CheckpointStore) -> None:
     if latest is None:
         assert commits(store) == 0, "a commit was recorded but LATEST is missing"
         return
-    result = store.validate(latest)
+    result = store.check_files(latest)
     assert result.ok, f"LATEST names a damaged checkpoint: {result.problems}"
     gone = {e.step for e in store.events() if e.event in ("delete", "quarantine")}
     on_disk = set(store.committed_on_disk())
@@ -84,7 +84,7 @@ def test_sigkill_of_the_whole_job_never_breaks_latest(tmp_path):
         check_invariants(store)
     # After the last crash, the next start's clean-up leaves only committed checkpoints.
     store = CheckpointStore(ckpt)
-    store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
     assert not leftovers(store)
     check_invariants(store)
     print(f"{TRIALS} trials, {killed_inside_commit_window} killed with a save in progress")

@@ -54,14 +54,14 @@ def test_full_disk_gives_a_clear_error_and_loses_nothing(small_fs, async_save):
     assert "no space left on device" in err.value.message and str(ckpt) in err.value.message
     assert "bytes free" in err.value.message and "a checkpoint takes about" in err.value.message
     assert "step 1" in err.value.hint and "intact" in err.value.hint
-    assert store.read_latest() == 1 and store.validate(1).ok  # the previous checkpoint is intact
+    assert store.read_latest() == 1 and store.check_files(1).ok  # the previous checkpoint is intact
     assert not store.partial_path(2).exists()  # partial files removed
     assert all(torch.equal(a, b) for a, b in zip(params, t.model.parameters()))  # training state untouched
     filler.unlink()
     t.step()
     t.manager.save(3)  # space is back: saving works again
     t.manager.close()
-    assert store.read_latest() == 3 and store.validate(3).ok
+    assert store.read_latest() == 3 and store.check_files(3).ok
 
 
 def test_continue_mode_logs_and_trains_on(small_fs, caplog):

@@ -20,8 +20,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from ctypes.util import find_library
 from collections.abc import Iterator
+from ctypes.util import find_library
 from dataclasses import dataclass
 from pathlib import Path
 

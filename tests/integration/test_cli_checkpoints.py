@@ -61,7 +61,7 @@ def shard(ckpt: Path, step: int, name: str = "__0_0.distcp") -> Path:
 def assert_good_steps_intact(ckpt: Path, steps) -> None:
     store = CheckpointStore(ckpt)
     for step in steps:
-        assert store.validate(step).ok, f"good step {step} was damaged or removed"
+        assert store.check_files(step).ok, f"good step {step} was damaged or removed"
 
 
 # ---------------------------------------------------------------- healthy directory
@@ -248,7 +248,7 @@ def test_training_resume_verifies_and_rolls_back_by_itself(ckpt, tmp_path):
     [q] = [e for e in store.events() if e.event == "quarantine"]
     assert q.step == 20 and "verify loss" in q.data["reason"]
     assert [m.step for m in recipe.metrics_lines()] == list(range(16, 26))
-    assert store.read_latest() == 25 and store.validate(25).ok
+    assert store.read_latest() == 25 and store.check_files(25).ok
 
 
 def test_recover_decides_resume_rollback_and_reshard(ckpt, capsys, tmp_path):

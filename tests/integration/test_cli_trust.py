@@ -73,7 +73,7 @@ def test_prune_keeps_the_valid_checkpoints_when_latest_is_known_damaged(ckpt, ca
     assert code == 0, err
     assert result["deleted"] == [5, 10]  # not [5, 10, 15]: 20 does not count, 15 is the one kept
     store = CheckpointStore(ckpt)
-    assert store.committed_on_disk() == [15, 20] and store.validate(15).ok
+    assert store.committed_on_disk() == [15, 20] and store.check_files(15).ok
 
 
 def test_prune_validates_before_deleting_when_nobody_knows_latest_is_damaged(ckpt, capsys):

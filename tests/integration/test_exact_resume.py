@@ -37,4 +37,4 @@ def test_crashed_and_resumed_run_is_bit_identical(reference_run, tmp_path, case)
         assert comparison.lines_compared == STEPS + rerun
     else:
         assert comparison.lines_compared in {STEPS + first + second for first in (1, 6) for second in (2, 7)}
-    assert store.read_latest() == STEPS and store.validate(STEPS).ok
+    assert store.read_latest() == STEPS and store.check_files(STEPS).ok

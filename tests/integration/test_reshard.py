@@ -123,7 +123,7 @@ def test_offline_reshard_out_is_bit_identical_and_resumable(four_rank_checkpoint
     report = json.loads(proc.stdout)
     assert report["new"] == {"micro_batch": 2, "grad_accum": 2, "dp_size": 3, "global_batch": 12}
     store = CheckpointStore(out)
-    assert store.read_latest() == STEPS and store.validate(STEPS).ok
+    assert store.read_latest() == STEPS and store.check_files(STEPS).ok
     m = store.read_manifest(STEPS)
     assert m.world_size == 3 and m.batch.global_batch == 12 and m.lineage[-1]["event"] == "resharded_from"
     assert m.env["world_size"] == 4  # what produced the state: a resume compares against it
@@ -178,3 +178,26 @@ def test_in_place_plan_is_recorded_and_used_at_resume(four_rank_checkpoint, tmp_
     args = recipe_args(ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12")
     assert run(torchrun_command(2, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0
     assert CheckpointStore(ckpt).read_manifest(STEPS + 5).batch.micro_batch == 2  # the recorded plan, not the default
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_recover_the_dry_run_and_the_resume_use_one_plan(four_rank_checkpoint, tmp_path, recorded):
+    """What `ckpt recover` reports (recover.json) is what the training then does. The run's own
+    arguments derive another split at 2 ranks (micro-batch 6 x 1); the plan keeps the saved
+    micro-batch (3 x 2) or the recorded one (2 x 3), and the resume follows it."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(four_rank_checkpoint, ckpt)
+    if recorded:
+        assert ckpt_cli("reshard", ckpt, "--world-size", "2", "--micro-batch", "2", "--in-place").returncode == 0
+    expected = {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12} if recorded else {"micro_batch": 3, "grad_accum": 2, "dp_size": 2, "global_batch": 12}
+    dry = ckpt_cli("reshard", ckpt, "--world-size", "2", "--dry-run", "--json")
+    assert json.loads(dry.stdout)["new"] == expected, dry.stderr
+    recover = ckpt_cli("recover", ckpt, "--world-size", "2", "--run-dir", tmp_path / "run", "--json")
+    assert json.loads(recover.stdout)["reshard"]["new"] == expected, recover.stderr
+    assert json.loads((tmp_path / "run" / "recover.json").read_text())["reshard"]["new"] == expected
+    args = recipe_args(ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "6")
+    assert run(torchrun_command(2, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    batch = CheckpointStore(ckpt).read_manifest(STEPS + 5).batch
+    assert {"micro_batch": batch.micro_batch, "grad_accum": batch.grad_accum, "dp_size": batch.dp_size, "global_batch": batch.global_batch} == expected

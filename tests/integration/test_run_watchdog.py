@@ -152,7 +152,7 @@ def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised
     step = stopped[0]["step"]
     assert step >= 17 and step % SAVE_EVERY != 0 or step >= 17  # saved at the next step boundary
     store = CheckpointStore(s.ckpt)
-    assert store.read_latest() == step and store.validate(step).ok
+    assert store.read_latest() == step and store.check_files(step).ok
     again = supervised(name="again")
     again.argv = s.argv  # the same job, started again (as SLURM's requeue does)
     again.root = s.root

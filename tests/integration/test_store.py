@@ -46,7 +46,7 @@ def test_commit_moves_latest_and_logs(store):
     assert (store.root / "LATEST").read_text() == "step_00000020\n"
     assert not store.partial_path(20).exists()
     assert [(e.event, e.step) for e in store.events()] == [("commit", 10), ("commit", 20)]
-    assert store.validate(20).ok
+    assert store.check_files(20).ok
 
 
 def test_missing_directory_is_a_clear_error(tmp_path):
@@ -88,7 +88,7 @@ def test_validate_names_each_problem(store, tmp_path, damage):
         shard.unlink()
         shard.symlink_to(outside)
         expect = ("__0_0.distcp", "not a regular file")
-    result = store.validate(10)
+    result = store.check_files(10)
     assert not result.ok
     assert [(p.file, p.what[: len(expect[1])]) for p in result.problems] == [expect]
 
@@ -102,7 +102,7 @@ def test_shard_copied_from_another_step_is_detected_even_with_its_manifest_line(
     entry10 = next(f for f in m10.files if f.path == "__0_0.distcp")
     patched = Manifest(**{**m20.__dict__, "files": tuple(entry10 if f.path == entry10.path else f for f in m20.files)})
     (store.step_path(20) / layout.MANIFEST_NAME).write_text(patched.to_json())
-    problems = store.validate(20).problems
+    problems = store.check_files(20).problems
     assert [p.file for p in problems] == ["__0_0.distcp"]
     assert "copied from another step" in problems[0].what
 
@@ -122,7 +122,7 @@ def test_clean_up_removes_partials_and_half_deletes_and_rolls_forward(store):
     m30 = stage(store, 30)  # crash between rename and pointer move:
     store.commit(30, m30)
     (store.root / "LATEST").write_text(layout.format_pointer(10))
-    actions = store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    actions = store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
     assert len(actions) == 3
     assert store.read_latest() == 30
     assert sorted(os.listdir(store.root)) == [".lock", "LATEST", "index.jsonl", "step_00000010", "step_00000030"]
@@ -134,7 +134,7 @@ def test_clean_up_quarantines_an_invalid_unpointed_step(store):
     store.commit(20, m)
     (store.step_path(20) / "__1_0.distcp").write_bytes(b"short")
     (store.root / "LATEST").write_text(layout.format_pointer(10))
-    store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
     assert store.read_latest() == 10
     assert not store.step_path(20).exists()
     assert [p.name.split(".")[0] for p in store.quarantine_root.iterdir()] == ["step_00000020"]
@@ -154,7 +154,7 @@ def test_retention_keeps_latest_after_a_rollback_and_never_touches_quarantine(st
         commit(store, s)
     store.quarantine(30, "bad")
     store.set_latest(20, "step 30 bad")
-    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=lambda s: store.validate(s).ok) == [10]
+    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=lambda s: store.check_files(s).ok) == [10]
     assert store.committed_on_disk() == [20]
     assert len(list(store.quarantine_root.iterdir())) == 1
 
@@ -164,7 +164,7 @@ def test_commit_over_a_stale_unpointed_step_quarantines_it_first(store):
     commit(store, 20)
     store.set_latest(10, "rolled back")
     commit(store, 20)  # the run re-did step 20
-    assert store.read_latest() == 20 and store.validate(20).ok
+    assert store.read_latest() == 20 and store.check_files(20).ok
     assert len(list(store.quarantine_root.iterdir())) == 1
 
 
@@ -184,7 +184,7 @@ def damage(store: CheckpointStore, step: int) -> None:
 
 def validate_and_record(store: CheckpointStore):
     def confirm(step: int) -> bool:
-        result = store.validate(step)
+        result = store.check_files(step)
         store.record_check(step, "validated", result.ok, [str(p) for p in result.problems])
         return result.ok
 
@@ -205,11 +205,11 @@ def test_prune_skips_a_damaged_latest_and_keeps_the_newest_valid_one(store):
     for s in (10, 20, 30):
         commit(store, s)
     damage(store, 30)
-    assert store.apply_retention(RetentionPolicy(keep_last=1), dry_run=True, confirm=lambda s: store.validate(s).ok) == [10]
+    assert store.apply_retention(RetentionPolicy(keep_last=1), dry_run=True, confirm=lambda s: store.check_files(s).ok) == [10]
     assert store.committed_on_disk() == [10, 20, 30]  # the dry run deleted nothing
     assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=validate_and_record(store)) == [10]
     assert store.committed_on_disk() == [20, 30]
-    assert store.validate(20).ok
+    assert store.check_files(20).ok
     [delete] = [e for e in store.events() if e.event == "delete"]
     assert delete.data["reason"] == "retention: keep the last 1; step 20 passed validation"
 
@@ -236,7 +236,7 @@ def test_a_garbage_latest_is_repaired_once_with_its_cause(store):
     for s in (10, 20, 30):
         commit(store, s)
     (store.root / layout.LATEST_NAME).write_bytes(b"\x00garbage")
-    actions = store.clean_up_after_crash(roll_forward=lambda s: store.validate(s).ok)
+    actions = store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
     assert len(actions) == 1 and "LATEST" in actions[0] and "damaged" in actions[0] and "step_00000030" in actions[0]
     assert store.read_latest() == 30
     [repair] = [e for e in store.events() if e.event == "repair_latest"]

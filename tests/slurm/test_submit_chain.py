@@ -153,7 +153,7 @@ def test_damaged_newest_checkpoint_at_requeue_is_rolled_back(slurm, reference_ru
     job.wait_done()
     recover = [json.loads(line) for line in (job.run_dir / "events.jsonl").read_text().splitlines() if '"recover"' in line]
     assert recover[-1]["rolled_back_from"] == latest and recover[-1]["step"] < latest
-    assert not store.step_path(latest).exists() or store.validate(latest).ok  # quarantined, then re-saved
+    assert not store.step_path(latest).exists() or store.check_files(latest).ok  # quarantined, then re-saved
     assert any(p.name.startswith(layout.step_dir_name(latest)) for p in store.quarantine_root.iterdir())
     assert "training finished" in job.output()
     assert_identical(reference_run, job)
@@ -175,7 +175,7 @@ def test_scancel_stops_the_job_for_good_after_a_checkpoint(slurm, tmp_path, canc
     events = [json.loads(line)["event"] for line in (job.run_dir / "events.jsonl").read_text().splitlines()]
     assert "cancelled" in events and "requeue" not in events
     store = CheckpointStore(job.ckpt)
-    assert store.read_latest() is not None and store.validate(store.read_latest()).ok
+    assert store.read_latest() is not None and store.check_files(store.read_latest()).ok
 
 
 def test_max_requeues_reached_ends_with_a_clear_final_state(slurm, tmp_path, cancel_jobs):

@@ -61,3 +61,22 @@ def test_step_slices_tile_the_global_batch_exactly(batch):
 def test_shape_check():
     assert check_shapes({"w": (8, 4), "b": (8,), "scalar": ()}, 8) == []
     assert [str(p) for p in check_shapes({"w": (2, 4), "b": (8,)}, 4)] == ["w: dim 0 has 2 rows, fewer than 4 ranks"]
+
+
+def test_plan_resume_order_demand_then_recorded_then_default():
+    from ckpt_tool.core.reshard import plan_resume
+
+    saved = BatchConfig(3, 1, 4)  # G = 12
+    lineage = [{"event": "reshard_plan", "world_size": 2, "batch": {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}}]
+    assert plan_resume(saved, 4, [], 2).new == BatchConfig(3, 2, 2)  # default: the saved micro-batch divides 6
+    assert plan_resume(saved, 4, lineage, 2).new == BatchConfig(2, 3, 2)  # recorded for this size
+    assert plan_resume(saved, 4, lineage, 3).new == BatchConfig(2, 2, 3)  # recorded for another size: default
+    assert plan_resume(saved, 4, lineage, 2, micro_batch=6).new == BatchConfig(6, 1, 2)  # an explicit demand
+    # the run's own split does not move the plan; only its global batch is checked
+    assert plan_resume(saved, 4, [], 2, requested=BatchConfig(6, 1, 2)).new == BatchConfig(3, 2, 2)
+    with pytest.raises(CkptError, match="asks for global batch 16"):
+        plan_resume(saved, 4, [], 2, requested=BatchConfig(8, 1, 2))
+    with pytest.raises(CkptError, match="records no batch split"):
+        plan_resume(None, 4, [], 2)
+    damaged = [{"event": "reshard_plan", "world_size": 2, "batch": "garbage"}]
+    assert plan_resume(saved, 4, damaged, 2).new == BatchConfig(3, 2, 2)

@@ -2,10 +2,10 @@ import pytest
 
 from ckpt_tool.core.batch import BatchConfig, resolve_batch
 from ckpt_tool.core.exactness import how_to_reproduce, trajectory_differences
+from ckpt_tool.core.file_checks import DiskEntry, hash_problems, structure_problems
 from ckpt_tool.core.index import format_event, parse_index
 from ckpt_tool.core.manifest import FileEntry
 from ckpt_tool.core.recovery import fallback_step
-from ckpt_tool.core.validation import DiskEntry, hash_problems, structure_problems
 from ckpt_tool.errors import CkptError
 
 

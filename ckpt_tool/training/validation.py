@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Callable
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.validation import Problem
+from ckpt_tool.core.file_checks import Problem
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.store import CheckpointStore, ValidationResult
 from ckpt_tool.training.safe_dcp import load_metadata_safely
 
 
-def validate_step(
+def validate_checkpoint(
     store: CheckpointStore,
     step: int,
     ranks: set[int] | None = None,
@@ -23,7 +23,7 @@ def validate_step(
     on_bytes: Callable[[int], None] | None = None,
     hashes: bool = True,
 ) -> ValidationResult:
-    result = store.validate(step, ranks, threads, on_bytes, hashes)
+    result = store.check_files(step, ranks, threads, on_bytes, hashes)
     if result.manifest is None or (ranks is not None and 0 not in ranks):
         return result
     if any(p.file == layout.DCP_METADATA_NAME for p in result.problems) or layout.DCP_METADATA_NAME in result.unreadable:

@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ckpt_tool.core.layout import DirectoryKind
+from ckpt_tool.ops.reshard import check_reshard
+from ckpt_tool.ops.rollback import rollback
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import note
-from ckpt_tool.training.reshard import plan_reshard
-from ckpt_tool.training.rollback import rollback
-from ckpt_tool.training.validate import validate_step
+from ckpt_tool.training.validation import validate_checkpoint
 
 DECISION_NAME = "recover.json"
 
@@ -49,13 +49,13 @@ def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None 
     else:
         store = CheckpointStore(ckpt_dir)
         store.require_checkpoint_directory()  # never writes into a directory that is not ours
-        cleanup = tuple(store.clean_up_after_crash(roll_forward=lambda s: validate_step(store, s).ok))
+        cleanup = tuple(store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(store, s).ok))
         latest = store.latest_or_none()
         if latest is None and not store.committed_on_disk():
             decision = Decision("fresh", None, None, (), None, world_size, cleanup, 0.0)
         else:
             step, rolled_from, quarantined = latest, None, ()
-            if latest is None or not validate_step(store, latest).ok:
+            if latest is None or not validate_checkpoint(store, latest).ok:
                 report = rollback(store, auto=False, reason=f"ckpt recover: step {latest} is damaged" if latest is not None else "ckpt recover: LATEST is missing or damaged")
                 step, rolled_from, quarantined = report.target, latest, report.quarantined
             saved = store.read_manifest(step).world_size
@@ -63,7 +63,7 @@ def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None 
             if world_size is not None and saved != world_size:
                 # the allocation changed: check now that the checkpoint can be resumed at this size
                 # (shapes, global batch); the training's resume applies the same plan
-                reshard = plan_reshard(store, step, world_size).to_json()
+                reshard = check_reshard(store, step, world_size).to_json()
             decision = Decision("resume", step, rolled_from, quarantined, saved, world_size, cleanup, 0.0, reshard)
     decision = Decision(**{**decision.to_json(), "seconds": round(time.monotonic() - t0, 3)})
     if run_dir is not None:

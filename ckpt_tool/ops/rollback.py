@@ -8,7 +8,7 @@ from typing import Any
 from ckpt_tool.core.recovery import steps_to_quarantine_on_rollback
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.training.validate import validate_step
+from ckpt_tool.training.validation import validate_checkpoint
 
 
 @dataclass(frozen=True)
@@ -51,16 +51,16 @@ def check_step(store: CheckpointStore, step: int, verify: bool, entry: str | Non
     damage: that raises (exit 2) rather than judging the step. ``record=False`` (a dry run)
     writes nothing; otherwise a verification result goes to the index, best effort (a note in
     ``notes`` when the directory is read-only)."""
-    result = validate_step(store, step)
+    result = validate_checkpoint(store, step)
     if result.unreadable and not result.problems:
         raise store.permission_denied(store.step_path(step) / result.unreadable[0])
     if not result.ok:
         return Attempt(step, False, None, tuple(str(p) for p in result.problems))
     if not verify or result.manifest is None or result.manifest.probe is None or not (entry or result.manifest.entry_point):
         return Attempt(step, True, None)
-    from ckpt_tool.training.verify import verify_step  # noqa: PLC0415 - builds a model: only when asked
+    from ckpt_tool.ops.verify import verify_checkpoint  # noqa: PLC0415 - builds a model: only when asked
 
-    report = verify_step(store, step, entry)
+    report = verify_checkpoint(store, step, entry)
     failed = [f"verify {c.name}: recorded {c.recorded!r}, measured {c.measured!r} ({c.how})" for c in report.checks if not c.ok]
     if record:
         note = store.record_check(step, "verified", report.ok, failed)

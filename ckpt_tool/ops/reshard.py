@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.reshard import ReshardPlan, check_shapes, plan_batch
+from ckpt_tool.core.reshard import ReshardPlan, check_shapes, plan_resume
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
@@ -38,10 +38,11 @@ def tensor_shapes(store: CheckpointStore, step: int) -> dict[str, tuple[int, ...
     return {k: tuple(m.size) for k, m in metadata.state_dict_metadata.items() if k.startswith("model.") and hasattr(m, "size")}
 
 
-def plan_reshard(store: CheckpointStore, step: int, world_size: int, micro_batch: int | None = None) -> ReshardReport:
+def check_reshard(store: CheckpointStore, step: int, world_size: int, micro_batch: int | None = None) -> ReshardReport:
+    """Can step ``step`` continue on ``world_size`` ranks? The tensor shapes (every rank needs
+    rows) and the one batch plan (``core.reshard.plan_resume``, the same the resume applies)."""
     manifest = store.read_manifest(step)
-    if manifest.batch is None:
-        raise CkptError(f"step {step} records no batch split (micro-batch, accumulation)", "the global batch cannot be kept without it; pass batch= to CheckpointManager", ExitCode.CONFLICT)
+    plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, world_size, micro_batch=micro_batch)
     problems = check_shapes(tensor_shapes(store, step), world_size)
     if problems:
         raise CkptError(
@@ -49,7 +50,6 @@ def plan_reshard(store: CheckpointStore, step: int, world_size: int, micro_batch
             f"use at most {min(p.rows for p in problems)} ranks",
             ExitCode.CONFLICT,
         )
-    plan = plan_batch(manifest.batch, world_size, micro_batch)
     rank0 = store.step_path(step) / layout.rank_state_name(0)
     data = state_codec.loads(rank0.read_bytes(), str(rank0)).get("data") if rank0.exists() else None
     return ReshardReport(step, manifest.world_size, world_size, plan, data)

@@ -1,0 +1,65 @@
+"""``ckpt verify`` (and ``ckpt rollback --auto``): build the user's model from an entry point,
+load the checkpoint into it and re-measure the probe (``training.probe.check_loaded_model``, the
+same check the training loop runs at resume).
+
+The model comes from an entry point ``module:function`` called as ``function(world_size=N,
+**entry_kwargs)`` that returns ``(model, loss_fn)``; the manifest records the entry point of the
+script that wrote the checkpoint, so checkpoints of the reference recipe need none.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training.probe import VerifyReport, check_loaded_model
+from ckpt_tool.training.safe_dcp import load_state
+
+
+def load_entry_point(spec: str) -> Callable[..., Any]:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CkptError(f"entry point {spec!r} is not of the form 'module:function'", "e.g. --entry mypkg.train:build_model", ExitCode.USAGE)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CkptError(f"entry point module {module_name!r} does not import: {exc}", "check the name and that the package is installed in this environment", ExitCode.USAGE) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise CkptError(f"entry point {spec!r}: {module_name} has no function {attr!r}", "name a function that returns (model, loss_fn)", ExitCode.USAGE)
+    return fn
+
+
+def build_from_entry_point(spec: str, world_size: int, kwargs: dict[str, Any]) -> tuple[nn.Module, Callable[..., torch.Tensor]]:
+    try:
+        result = load_entry_point(spec)(world_size=world_size, **kwargs)
+    except CkptError:
+        raise
+    except Exception as exc:  # the user's code: any error, reported with its type
+        raise CkptError(
+            f"entry point {spec!r} failed when called as {spec.partition(':')[2]}(world_size={world_size}, **{kwargs!r}): {type(exc).__name__}: {exc}",
+            "it must accept world_size and the manifest's entry_kwargs and return (model, loss_fn); run with --debug for the traceback",
+            ExitCode.USAGE,
+        ) from exc
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module) and callable(result[1])):
+        raise CkptError(f"entry point {spec!r} returned {type(result).__name__}, not (model, loss_fn)", "return a tuple (torch.nn.Module, loss function(model, batch) -> scalar)", ExitCode.USAGE)
+    return result
+
+
+def verify_checkpoint(store: CheckpointStore, step: int, entry: str | None = None, world_size: int = 1) -> VerifyReport:
+    """Build the model from the entry point, load the checkpoint's parameters, run the checks."""
+    manifest = store.read_manifest(step)
+    spec = entry or manifest.entry_point
+    if spec is None:
+        raise CkptError(f"step {step} records no entry point to build the model", "pass --entry module:function (or set entry_point in [tool.ckpt])", ExitCode.USAGE)
+    model, loss_fn = build_from_entry_point(spec, world_size, dict(manifest.entry_kwargs))
+    state = {"model": get_model_state_dict(model)}
+    load_state(state, store.step_path(step), no_dist=not torch.distributed.is_initialized())
+    set_model_state_dict(model, state["model"])
+    return check_loaded_model(model, loss_fn, store, step, world_size)
