@@ -65,8 +65,9 @@ def make_compute(seconds: float) -> Callable[[], int]:
 
 
 def instrument(mgr: Any, rec: LoopRecord, current: dict[str, Any]) -> None:
-    """Wrap the manager's waits and its store's commit (instance attributes, looked up per call)."""
-    wait_for_staging, wait, commit = mgr.wait_for_staging, mgr.wait, mgr.store.commit
+    """Wrap the manager's staging wait (the optimizer hook calls it), the saver's wait for the
+    previous save and the store's commit (instance attributes, looked up per call)."""
+    wait_for_staging, wait, commit = mgr.wait_for_staging, mgr.saver.wait, mgr.store.commit
 
     def timed_wait_for_staging() -> None:
         seconds, _ = common.timed(wait_for_staging)
@@ -84,7 +85,7 @@ def instrument(mgr: Any, rec: LoopRecord, current: dict[str, Any]) -> None:
         rec.save_window[step] = (rec.save_window[step][0], time.perf_counter())
         return committed
 
-    mgr.wait_for_staging, mgr.wait, mgr.store.commit = timed_wait_for_staging, timed_wait, timed_commit
+    mgr.wait_for_staging, mgr.saver.wait, mgr.store.commit = timed_wait_for_staging, timed_wait, timed_commit
 
 
 def training_loop(mgr: Any, optimizer: Any, compute: Callable[[], int], steps: int, every: int) -> LoopRecord:

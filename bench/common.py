@@ -110,7 +110,8 @@ def param_views(model: Any) -> list[memoryview]:
 def manager(directory: Path, model: Any, optimizer: Any, **config: Any) -> Any:
     """A ``CheckpointManager`` on ``directory``; retention off unless ``retention=`` is given."""
     from ckpt_tool.core.retention import RetentionPolicy
-    from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
+    from ckpt_tool.training.config import CheckpointConfig
+    from ckpt_tool.training.manager import CheckpointManager
 
     config.setdefault("retention", RetentionPolicy(keep_last=1_000_000))
     return CheckpointManager(CheckpointConfig(directory, **config), model=model, optimizer=optimizer)

@@ -101,7 +101,7 @@ class Loader:
 def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str, list[float]], dict[str, list[dict[str, float]]]]:
     import torch.distributed.checkpoint as dcp
 
-    import ckpt_tool.training.manager as manager_module
+    import ckpt_tool.training.resume as resume_module
     from ckpt_tool.store.store import CheckpointStore
 
     directory = work / "ckpt"
@@ -111,9 +111,9 @@ def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str
     with (
         p.wrap(CheckpointStore, "clean_up_after_crash", "crash_cleanup"),
         p.wrap(CheckpointStore, "check_files", "store_check_files"),
-        p.wrap(manager_module, "get_state_dict", "get_state_dict"),
+        p.wrap(resume_module, "get_state_dict", "get_state_dict"),
         p.wrap(dcp, "load", "dcp_load"),
-        p.wrap(manager_module, "set_state_dict", "set_state_dict"),
+        p.wrap(resume_module, "set_state_dict", "set_state_dict"),
     ):
         loader.run("resume_warm")  # warm-up: imports, first-call costs
         times, phases = common.rotated_repetitions(loader.run, VARIANTS, reps, loader.nbytes)

@@ -95,7 +95,8 @@ def new_manager(directory: Path, model: Any, optimizer: Any) -> Any:
     """A one-process ``CheckpointManager`` with the batch config (retention off)."""
     from ckpt_tool.core.batch import BatchConfig
     from ckpt_tool.core.retention import RetentionPolicy
-    from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
+    from ckpt_tool.training.config import CheckpointConfig
+    from ckpt_tool.training.manager import CheckpointManager
 
     config = CheckpointConfig(directory, retention=RetentionPolicy(keep_last=1_000_000))
     return CheckpointManager(config, model=model, optimizer=optimizer, batch=BatchConfig(micro_batch=4, grad_accum=1, dp_size=1))
@@ -236,7 +237,7 @@ def worker_summary(ranks: list[dict[str, Any]]) -> dict[str, float]:
 def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     import torch
 
-    import ckpt_tool.training.manager as manager_module
+    import ckpt_tool.training.resume as resume_module
     from ckpt_tool.store.store import CheckpointStore
 
     one = work / "world1"
@@ -274,10 +275,10 @@ def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
         return seconds, split
 
     with (
-        phases.wrap(manager_module, "validate_checkpoint", "structure_check"),
-        phases.wrap(manager_module, "get_state_dict", "get_state_dict"),
-        phases.wrap(manager_module, "load_state", "dcp_load_hash_checked"),
-        phases.wrap(manager_module, "set_state_dict", "set_state_dict"),
+        phases.wrap(resume_module, "validate_checkpoint", "structure_check"),
+        phases.wrap(resume_module, "get_state_dict", "get_state_dict"),
+        phases.wrap(resume_module, "load_state", "dcp_load_hash_checked"),
+        phases.wrap(resume_module, "set_state_dict", "set_state_dict"),
     ):
         resume("world1"), resume("world2")  # warm-up: first-call costs
         order = list(dirs)

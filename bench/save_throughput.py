@@ -32,7 +32,7 @@ import common
 from common import GB, PhaseTimer, Result, Row, Stats
 
 IO_THREADS = (1, 2, 4)
-DEFAULT_IO_THREADS = 2
+DEFAULT_IO_THREADS = 4  # ckpt_tool.training.config.DEFAULT_IO_THREADS (checked in measure())
 NO_GRADS = "no_grads"  # the default io_threads, saving with param.grad None
 TARGET = 0.85
 
@@ -58,7 +58,7 @@ def hash_files_owner() -> Any:
     the manager into ``ckpt_tool.training.commit``)."""
     import importlib
 
-    for name in ("ckpt_tool.training.commit", "ckpt_tool.training.manager"):
+    for name in ("ckpt_tool.training.commit", "ckpt_tool.training.saver"):
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -71,8 +71,11 @@ def hash_files_owner() -> Any:
 def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
-    import ckpt_tool.training.manager as manager_module
+    import ckpt_tool.training.saver as saver_module
     from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.training.config import DEFAULT_IO_THREADS as CONFIGURED
+
+    assert CONFIGURED == DEFAULT_IO_THREADS, f"the configured default is {CONFIGURED}: update this benchmark"
 
     model = common.build_model(state_bytes)
     optimizer = common.make_optimizer(model)
@@ -89,7 +92,7 @@ def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
         phases.wrap(hash_files_owner(), "hash_files", "hash"),
         phases.wrap(CheckpointStore, "commit", "commit"),
         phases.wrap(os, "fsync", "fsync_thread_s"),
-        phases.wrap(manager_module, "get_state_dict", "get_state_dict"),
+        phases.wrap(saver_module, "get_state_dict", "get_state_dict"),
     ):
         for n, mgr in managers.items():
             common.log(f"warm-up save, {n}")

@@ -13,7 +13,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "CheckpointConfig": "ckpt_tool.training.manager",
+    "CheckpointConfig": "ckpt_tool.training.config",
     "CheckpointManager": "ckpt_tool.training.manager",
     "ProbeSpec": "ckpt_tool.training.probe",
     "BatchConfig": "ckpt_tool.core.batch",

@@ -31,6 +31,10 @@ class Check:
     def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)
 
+    def describe(self) -> str:
+        """One line for a failed check, the same in the index, at resume and in ``ckpt`` output."""
+        return f"{self.name}: recorded {self.recorded!r}, measured {self.measured!r} ({self.how})"
+
 
 def _compare(name: str, recorded: float, measured: float | None, exact: bool) -> Check:
     if measured is None:

@@ -36,9 +36,9 @@ from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_staged
+from ckpt_tool.training.config import DEFAULT_IO_THREADS
 from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.hashing_fs import HashingFileSystem
-from ckpt_tool.training.manager import DEFAULT_IO_THREADS
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
 
 
@@ -92,8 +92,7 @@ def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, micro: int | None)
 
     comm.on_coordinator(create)
     out = CheckpointStore(dst)
-    partial = out.partial_path(step)
-    partial.mkdir(parents=True, exist_ok=True)
+    partial = out.begin_staging(step)
     writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=DEFAULT_IO_THREADS, overwrite=True)
     writer.fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n))
     dcp.save(state, storage_writer=writer, process_group=comm.group)

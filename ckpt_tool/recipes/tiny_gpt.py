@@ -32,9 +32,10 @@ from torch import nn
 from ckpt_tool.core.batch import BatchConfig, resolve_batch
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
+from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.heartbeat import heartbeat
-from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
+from ckpt_tool.training.manager import CheckpointManager
 from ckpt_tool.training.probe import ProbeSpec
 
 ENTRY_POINT = "ckpt_tool.recipes.tiny_gpt:build_for_verify"
@@ -293,7 +294,6 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             retention=RetentionPolicy(args.keep_last, args.keep_every),
             entry_point=ENTRY_POINT,
             entry_kwargs={"seq_len": c.seq_len, "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head, "vocab": c.vocab},
-            test_commit_delay_s=args.save_delay,
         ),
         model=model,
         optimizer=optimizer,
@@ -301,6 +301,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         data=sampler,
         probe=ProbeSpec(probe_batch(corpus), lm_loss),
         batch=requested,
+        before_commit=(lambda step: time.sleep(args.save_delay)) if args.save_delay else None,
     )
     start = manager.resume() or 0
     batch = manager.batch  # after a resume at another world size: the reshard plan (same global batch)

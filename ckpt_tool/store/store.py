@@ -1,16 +1,15 @@
 """The checkpoint store: one checkpoint directory on a (shared) filesystem.
 
-Owns every side effect on the directory's own files: the commit (manifest last, fsync, atomic
-rename, LATEST, index), quarantine, retention deletes and the clean-up of what a crash left.
-All pointer moves and deletions happen under the directory's lock. Finding the newest committed
-checkpoint reads LATEST (constant time); only clean-up and retention list the directory.
+The only writer of the directory's files: the staging directory, the commit (manifest last,
+fsync, atomic rename, LATEST, index), quarantine, rewritten manifests, retention deletes and the
+clean-up of what a crash left (``store.maintenance``), the owner record (``store.ownership``).
+Every change of the directory itself goes through ``changing()``: under the directory's lock
+(``store.locks``) and refused once another job took it over. Finding the newest committed
+checkpoint reads LATEST (constant time); only listing, clean-up and retention list the directory.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
 import logging
 import os
 import shutil
@@ -20,28 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import psutil
-from filelock import BaseFileLock, FileLock, SoftFileLease, Timeout
-
 from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import DiskEntry, Problem, hash_problems, structure_problems
-from ckpt_tool.core.index import EventLog, IndexEvent, format_event, known_invalid, parse_index
+from ckpt_tool.core.index import EventLog, IndexEvent, format_event, parse_index
 from ckpt_tool.core.listing import Listing, build_rows, latest_problem
 from ckpt_tool.core.manifest import Manifest
-from ckpt_tool.core.ownership import Owner, decide, same_claim
-from ckpt_tool.core.retention import RetentionPolicy, kept_candidates, steps_to_delete
+from ckpt_tool.core.ownership import Owner
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import hash_files
-from ckpt_tool.store.durable import append_line, atomic_write, current_umask, fsync_dir
+from ckpt_tool.store.durable import append_line, atomic_write, fsync_dir
+from ckpt_tool.store.locks import LOCK_TIMEOUT_S, DirectoryLock
+from ckpt_tool.store.maintenance import MaintenanceMixin
+from ckpt_tool.store.ownership import OwnershipMixin
 
 log = logging.getLogger("ckpt_tool")
 MAX_MANIFEST_BYTES = 64 << 20
-LOCK_TIMEOUT_S = 120.0
 RECORD_LOCK_TIMEOUT_S = 10.0  # recording a check result is best effort: do not wait long
-# Where flock does not work, the lock is a lease its holder renews every third of this: a lock
-# left by a process that died (on any host) is taken over once it has not changed for this long.
-# Every writer of a directory must agree on it, so it is a constant, not a setting.
-SOFT_LOCK_LEASE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -54,22 +47,6 @@ class ValidationResult:
     @property
     def ok(self) -> bool:
         return not self.problems and not self.unreadable
-
-
-def flock_works(path: Path, mode: int) -> bool:
-    """Whether flock works on this filesystem (it fails with ENOLCK on NFS mounted with nolock)."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
-    except OSError:
-        return True  # cannot tell here; the lock itself will report the real error
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except OSError as exc:
-        return exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
-    finally:
-        os.close(fd)
 
 
 def commit_summary(manifest: Manifest) -> dict[str, object]:
@@ -85,10 +62,10 @@ def commit_summary(manifest: Manifest) -> dict[str, object]:
     }
 
 
-class CheckpointStore:
+class CheckpointStore(OwnershipMixin, MaintenanceMixin):
     def __init__(self, root: Path | str, create: bool = False) -> None:
         self.root = Path(root)
-        self._flock_works: bool | None = None
+        self._lock = DirectoryLock(self.root)
         self._claimed_as: Owner | None = None  # the claim this process made (claim())
         if create:
             try:
@@ -135,46 +112,19 @@ class CheckpointStore:
     @property
     def uses_soft_lock(self) -> bool:
         """Whether this directory's lock is the soft lease (flock does not work here)."""
-        return isinstance(self._lock_file(0), SoftFileLease)
-
-    def _lock_file(self, timeout: float = LOCK_TIMEOUT_S) -> BaseFileLock:
-        """The directory's lock: an flock, or filelock's soft lease (exclusive creation of a
-        marker file that records pid and host, renewed by a heartbeat) where the filesystem has no
-        working flock (NFS mounted without locking). A dead holder's lease is taken over at once
-        on its own host, after ``SOFT_LOCK_LEASE_S`` unchanged from another host."""
-        path = self.root / layout.LOCK_NAME
-        mode = 0o644 & ~current_umask()  # filelock chmods the lock file to `mode`: apply the umask
-        if self._flock_works is None:
-            self._flock_works = flock_works(path, mode)
-            if not self._flock_works:
-                log.warning("ckpt: flock does not work on %s (NFS without locking?): using a soft lock file with a %.0f s lease; a lock left by a crashed holder on another host is taken over after that", self.root, SOFT_LOCK_LEASE_S)
-        if self._flock_works:
-            return FileLock(path, timeout=timeout, mode=mode)
-        return SoftFileLease(path.with_suffix(".soft"), timeout=timeout, lease_duration=SOFT_LOCK_LEASE_S)
+        return self._lock.soft
 
     @contextmanager
     def changing(self, timeout: float = LOCK_TIMEOUT_S, check_owner: bool = True) -> Iterator[None]:
         """The one way any module changes this directory (pointer, index, manifests, moves,
-        deletes): under its lock, and, once this process claimed the directory, refused when
-        another job has taken it over since. A lock held longer than ``timeout`` is a
-        ``CkptError`` (exit 4) naming it."""
-        lock = self._lock_file(timeout)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise CkptError(
-                f"the lock {self.root / layout.LOCK_NAME} is held by another process for more than {timeout:.0f} s",
-                "another save, prune or rollback is running on this directory; retry when it ends",
-                ExitCode.CONFLICT,
-            ) from None
-        except OSError as exc:
-            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-                raise
-            raise CkptError(
-                f"cannot change {self.root}: {exc.strerror} (nothing was changed)",
-                "run where the directory is writable, as its owner; the checks (list, validate, verify, --dry-run) work on a read-only directory",
-                ExitCode.USAGE,
-            ) from None
+        deletes): under its lock (``store.locks``), and, once this process claimed the
+        directory, refused when another job has taken it over since.
+
+        Raises:
+            CkptError: the lock is held longer than ``timeout`` (exit 4); the directory is
+                read-only or not this user's to change (exit 2); another job took it over (exit 4).
+        """
+        lock = self._lock.acquire(timeout)
         try:
             if check_owner:
                 self._check_still_owner()
@@ -398,53 +348,22 @@ class CheckpointStore:
                 if parsed is not None and e.is_dir(follow_symlinks=False):
                     yield parsed
 
-    # ----------------------------------------------------------------- ownership
-    def claim(self, me: Owner, stale_after_s: float, take_over: bool) -> str:
-        """Become the directory's writer, or raise naming the job that is (see core.ownership)."""
-        with self.changing(check_owner=False):
-            current = self._read_owner()
-            alive = None
-            if current is not None and current.host == me.host:
-                alive = psutil.pid_exists(current.pid)
-            decision = decide(current, me, time.time(), stale_after_s, alive, take_over)
-            if not decision.allowed:
-                raise CkptError(
-                    f"{self.root} is being written by {decision.reason}",
-                    "two jobs must not share a checkpoint directory: wait for it, use another --ckpt-dir, or take over (take_over=True) if it is dead",
-                    ExitCode.CONFLICT,
-                )
-            atomic_write(self.root / layout.OWNER_NAME, json.dumps(me.to_json()).encode())
-            if current is None or current.pid != me.pid or current.host != me.host:
-                self.append_event("owner", job_id=me.job_id, host=me.host, pid=me.pid, reason=decision.reason)
-            self._claimed_as = me
-            return decision.reason
-
-    def _read_owner(self) -> Owner | None:
-        """The recorded owner; None when there is none or the record is damaged."""
-        try:
-            return Owner.from_json(json.loads((self.root / layout.OWNER_NAME).read_text()))
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def refresh_owner(self, me: Owner) -> None:
-        """Say the owner is alive (``last_seen``); raises when another job took the directory over."""
-        with self.changing():
-            atomic_write(self.root / layout.OWNER_NAME, json.dumps(me.to_json()).encode())
-
-    def _check_still_owner(self) -> None:
-        """Under the lock: after a claim, refuse to write once another job has taken over (it
-        judged this one stale, or was told to take over). No claim made here: nothing to check."""
-        if self._claimed_as is None:
-            return
-        current = self._read_owner()  # None: removed by hand or damaged, nobody else claims it
-        if current is not None and not same_claim(current, self._claimed_as):
-            raise CkptError(
-                f"{self.root} was taken over by {current.describe(time.time())}; this job no longer writes there",
-                "two jobs must not share a checkpoint directory: stop this one, or give it another directory",
-                ExitCode.CONFLICT,
-            )
-
     # ----------------------------------------------------------------- writing
+    def begin_staging(self, step: int) -> Path:
+        """The staging directory ``.step_N.partial`` every rank writes its files into (no lock:
+        the ranks write in parallel; nothing there is a checkpoint until ``commit``)."""
+        partial = self.partial_path(step)
+        partial.mkdir(exist_ok=True)
+        return partial
+
+    def write_staged(self, step: int, name: str, data: bytes) -> None:
+        """One small file of a rank into the staging directory (temp + fsync + rename)."""
+        atomic_write(self.partial_path(step) / name, data)
+
+    def discard_staging(self, step: int) -> None:
+        """Remove what a failed save staged; the previous checkpoint is untouched."""
+        shutil.rmtree(self.partial_path(step), ignore_errors=True)
+
     def commit(self, step: int, manifest: Manifest) -> Path:
         """Make the staged ``.step_N.partial`` the committed ``step_N`` and point LATEST at it.
 
@@ -499,108 +418,3 @@ class CheckpointStore:
             return self.read_latest()
         except CkptError:
             return None
-
-    # ----------------------------------------------------------------- retention
-    def _retention_plan(self, policy: RetentionPolicy, failed: set[int]) -> tuple[list[int], list[int]]:
-        """(victims, kept steps that may vouch for the directory, newest first)."""
-        latest = self.read_latest()  # a damaged LATEST stops retention: rollback first
-        if latest is None:
-            return [], []
-        committed = self.committed_on_disk()
-        if not steps_to_delete(committed, latest, policy):
-            return [], []  # the common case after a commit: no index read
-        invalid = known_invalid(self.events()) | failed
-        victims = steps_to_delete(committed, latest, policy, invalid)
-        return victims, kept_candidates(committed, victims, invalid)
-
-    def apply_retention(
-        self,
-        policy: RetentionPolicy,
-        dry_run: bool = False,
-        known_good: int | None = None,
-        confirm: Callable[[int], bool] | None = None,
-    ) -> list[int]:
-        """Delete what the policy allows, and only while a kept checkpoint is known to pass
-        validation: ``known_good`` (the step just committed, hashed as it was written), or the
-        newest kept one that ``confirm(step)`` validates now. A kept step that fails no longer
-        counts (the caller records it invalid) and the plan is made again, so older valid steps
-        are kept in its place. Without either, nothing is deleted. Each delete is renamed aside
-        first, so a crash never leaves a half-deleted ``step_N``. Returns the deleted (or, with
-        ``dry_run``, the deletable) steps."""
-        failed: set[int] = set()
-        confirmed = known_good
-        while True:
-            victims, candidates = self._retention_plan(policy, failed)
-            if not victims or confirmed in candidates:
-                break
-            if confirm is None:
-                raise CkptError(
-                    f"no checkpoint that retention would keep in {self.root} is known to pass validation: nothing deleted",
-                    "validate first (`ckpt validate --all`), then prune",
-                    ExitCode.FAILED,
-                )
-            step = candidates[0]  # newest first; each failure changes what is kept
-            if confirm(step):
-                confirmed = step
-            else:
-                failed.add(step)
-        if not victims or dry_run:
-            return victims
-        with self.changing():
-            victims, candidates = self._retention_plan(policy, failed)
-            if confirmed not in candidates:
-                raise CkptError(f"{self.root} changed while pruning (a new commit or rollback): nothing deleted", "run the prune again", ExitCode.CONFLICT)
-            for step in victims:
-                os.rename(self.step_path(step), self.root / layout.deleting_dir_name(step))
-                self.append_event("delete", step=step, reason=f"retention: {policy.describe()}; step {confirmed} passed validation")
-            fsync_dir(self.root)
-        for step in victims:
-            shutil.rmtree(self.root / layout.deleting_dir_name(step), ignore_errors=True)
-        return victims
-
-    # ----------------------------------------------------------------- after a crash
-    def clean_up_after_crash(self, roll_forward: Callable[[int], bool] | None = None) -> list[str]:
-        """Remove staging and half-deleted directories; settle the pointer.
-
-        - A ``step_N`` newer than a sound LATEST (a crash between rename and pointer move) is
-          rolled forward when ``roll_forward(step)`` says it is valid, else quarantined.
-        - A LATEST that is missing or unreadable while committed steps exist is repaired once:
-          it is pointed at the newest step ``roll_forward`` accepts (newer ones that fail are
-          quarantined), with the cause recorded.
-        Returns a line per action.
-        """
-        actions = []
-        with self.changing():
-            try:
-                latest, pointer_error = self.read_latest(), None
-            except CkptError as exc:
-                latest, pointer_error = None, exc.message
-            entries = sorted(self._scan(), key=lambda e: e.step)
-            for entry in entries:
-                if entry.kind in (layout.EntryKind.PARTIAL, layout.EntryKind.DELETING):
-                    shutil.rmtree(self.root / entry.name, ignore_errors=True)
-                    self.append_event("cleanup", name=entry.name, reason=f"{entry.kind.value} directory left by a crash")
-                    actions.append(f"removed {entry.name} (left by a crash)")
-            committed = [e.step for e in entries if e.kind is layout.EntryKind.STEP and (self.root / e.name / layout.MANIFEST_NAME).is_file()]
-            if latest is None and committed and roll_forward is not None:
-                cause = pointer_error or "LATEST was missing"
-                for step in reversed(committed):
-                    if roll_forward(step):
-                        self._write_latest(step)
-                        self.append_event("repair_latest", step=step, reason=cause)
-                        actions.append(f"{cause}: LATEST now names {layout.step_dir_name(step)}, the newest valid checkpoint")
-                        latest = step
-                        break
-                    self._move_to_quarantine(step, f"not valid ({cause})")
-                    actions.append(f"quarantined {layout.step_dir_name(step)} (not valid; {cause})")
-            elif latest is not None:
-                for step in (s for s in committed if s > latest):
-                    if roll_forward is not None and roll_forward(step):
-                        self._write_latest(step)
-                        self.append_event("roll_forward", step=step, previous=latest)
-                        actions.append(f"LATEST moved forward to {layout.step_dir_name(step)} (committed, pointer not yet moved at the crash)")
-                        latest = step
-                    else:
-                        self._move_to_quarantine(step, "newer than LATEST and not valid")
-                        actions.append(f"quarantined {layout.step_dir_name(step)} (newer than LATEST, not valid)")
-        return actions

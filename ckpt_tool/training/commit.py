@@ -18,7 +18,6 @@ from ckpt_tool.core.manifest import FileEntry, Manifest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
-from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.hashing_fs import HashingFileSystem
@@ -39,7 +38,7 @@ def commit_staged(
     partial = store.partial_path(step)
     rank = comm.rank
     state_name = layout.rank_state_name(rank)
-    atomic_write(partial / state_name, rank_json)
+    store.write_staged(step, state_name, rank_json)
     digests = {**fs.written, state_name: FileDigest(state_name, len(rank_json), xxhash.xxh3_128_hexdigest(rank_json, seed=binding_seed(run_id, step, state_name)))}
     mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
     unhashed = [n for n in mine if n not in digests]  # not written through DCP's stream: read back

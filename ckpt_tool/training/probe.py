@@ -76,6 +76,9 @@ class VerifyReport:
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
+    def failures(self) -> list[str]:
+        return [c.describe() for c in self.checks if not c.ok]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "step": self.step,

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.store import CheckpointStore, flock_works
+from ckpt_tool.store.locks import flock_works
+from ckpt_tool.store.store import CheckpointStore
 
 from ..integration.test_store import commit
 

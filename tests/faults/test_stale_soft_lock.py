@@ -21,7 +21,7 @@ import time
 import pytest
 
 from ckpt_tool.errors import CkptError
-from ckpt_tool.store import store as store_module
+from ckpt_tool.store import locks as locks_module
 from ckpt_tool.store.store import CheckpointStore
 
 from ..integration.test_store import commit
@@ -43,8 +43,8 @@ def hold_soft_lock(root, host: str | None) -> subprocess.Popen:
         def no_flock(fd, op):
             raise OSError(errno.ENOLCK, "No locks available")
         fcntl.flock = no_flock
-        from ckpt_tool.store import store
-        store.SOFT_LOCK_LEASE_S = {LEASE_S}
+        from ckpt_tool.store import locks, store
+        locks.SOFT_LOCK_LEASE_S = {LEASE_S}
         with store.CheckpointStore({str(root)!r}).changing():
             print("held", socket.gethostname(), flush=True)
             time.sleep(120)
@@ -62,7 +62,7 @@ def hold_soft_lock(root, host: str | None) -> subprocess.Popen:
 @pytest.fixture
 def soft_store(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, "flock", no_flock)
-    monkeypatch.setattr(store_module, "SOFT_LOCK_LEASE_S", LEASE_S)
+    monkeypatch.setattr(locks_module, "SOFT_LOCK_LEASE_S", LEASE_S)
     return CheckpointStore(tmp_path / "c", create=True)
 
 

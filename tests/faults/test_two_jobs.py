@@ -102,9 +102,9 @@ def test_a_job_whose_directory_was_taken_over_can_no_longer_commit(tmp_path):
 
 def test_the_claim_is_kept_alive_while_the_loop_does_not_call_the_manager(tmp_path, monkeypatch):
     # A long evaluation without maybe_save() must not make the job look dead to a second job.
-    import ckpt_tool.training.manager as manager_module
+    import ckpt_tool.training.ownership as ownership_module
 
-    monkeypatch.setattr(manager_module, "OWNER_REFRESH_S", 0.2)
+    monkeypatch.setattr(ownership_module, "OWNER_REFRESH_S", 0.2)
     t = make_trainer(tmp_path / "c")
     t.manager.resume()
     path = tmp_path / "c" / layout.OWNER_NAME

@@ -142,9 +142,9 @@ def test_damaged_newest_checkpoint_is_quarantined_and_previous_used(tmp_path):
 def swap_in(trainer, model=None, optimizer=None):
     """Change the run's code between save and resume: another model or optimizer."""
     if model is not None:
-        trainer.model = trainer.manager.model = model
+        trainer.model = trainer.manager.state.model = model
     if optimizer is not None:
-        trainer.optimizer = trainer.manager.optimizer = optimizer
+        trainer.optimizer = trainer.manager.state.optimizer = optimizer
     return trainer
 
 
@@ -300,8 +300,9 @@ def test_sigterm_waits_for_the_inflight_async_save(tmp_path):
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent.parent.parent)!r})
+        import time
         from tests.integration.tiny import make_trainer
-        t = make_trainer({str(tmp_path / "c")!r}, async_save=True, test_commit_delay_s=2.0)
+        t = make_trainer({str(tmp_path / "c")!r}, async_save=True, before_commit=lambda step: time.sleep(2.0))
         t.step()
         t.manager.save(1)
         os.kill(os.getpid(), signal.SIGTERM)

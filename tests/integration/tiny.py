@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ckpt_tool.training.manager import CheckpointConfig, CheckpointManager
+from ckpt_tool.training.config import CheckpointConfig
+from ckpt_tool.training.manager import CheckpointManager
 from ckpt_tool.training.probe import ProbeSpec
 
 
@@ -54,7 +55,7 @@ class Trainer:
         return float(loss)
 
 
-def make_trainer(directory: Path, seed: int = 0, **config: Any) -> Trainer:
+def make_trainer(directory: Path, seed: int = 0, before_commit: Any = None, **config: Any) -> Trainer:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
@@ -63,5 +64,5 @@ def make_trainer(directory: Path, seed: int = 0, **config: Any) -> Trainer:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     data = Position()
     probe = ProbeSpec({"x": torch.ones(2, 16), "y": torch.zeros(2, 4)}, loss_fn)
-    manager = CheckpointManager(CheckpointConfig(directory, **config), model=model, optimizer=optimizer, scheduler=scheduler, data=data, probe=probe)
+    manager = CheckpointManager(CheckpointConfig(directory, **config), model=model, optimizer=optimizer, scheduler=scheduler, data=data, probe=probe, before_commit=before_commit)
     return Trainer(model, optimizer, scheduler, data, manager)

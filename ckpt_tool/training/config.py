@@ -1,0 +1,75 @@
+"""What a training run configures about its checkpoints, and what the manager asks of the
+user's own objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ckpt_tool.core.retention import RetentionPolicy
+
+DEFAULT_IO_THREADS = 4  # DCP writer threads = files per rank (4 was fastest in bench/save_throughput.py)
+
+
+class Stateful(Protocol):
+    """Anything with ``state_dict()`` / ``load_state_dict()`` whose state is JSON-able data
+    (numbers, strings, lists, dicts, small tensors): a sampler, a data loader's position."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How a run checkpoints. Every rank must pass the same values.
+
+    Args:
+        directory: the checkpoint directory (on a filesystem every rank sees); created by rank 0.
+        save_every: ``maybe_save(step)`` saves when ``step % save_every == 0``; 0 saves only on
+            explicit ``save()`` calls (and the final step, see ``save_final``).
+        async_save: write in the background; only the copy to CPU memory blocks training.
+        retention: which older checkpoints are deleted after each commit.
+        validate_on_resume: check every file's size and hash as it is loaded.
+        verify_on_resume: re-measure the probe after loading (needs ``probe=`` on the manager).
+        max_fallbacks: damaged checkpoints quarantined and skipped at resume before giving up.
+        exit_wait_s: how long ``close()``, exit and SIGTERM wait for an in-flight save.
+        io_threads: DCP writer threads (files per rank).
+        entry_point / entry_kwargs: ``"module:function"`` that builds the model for ``ckpt
+            verify``, and the JSON keyword arguments it is called with (recorded in the manifest).
+        on_save_error: ``"stop"`` raises a failed save's ``CkptError`` (disk full, permissions:
+            a run that cannot checkpoint trains without a safety net); ``"continue"`` logs it.
+        take_over: write even if another live job owns the directory.
+        save_final: ``close()`` saves the last step given to ``maybe_save()`` if it is not saved.
+        owner_stale_after_s: an owning job not seen for this long is presumed dead.
+
+    Raises:
+        ValueError: a value out of range (the message names it).
+    """
+
+    directory: Path | str
+    save_every: int = 0
+    async_save: bool = False
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    validate_on_resume: bool = True
+    verify_on_resume: bool = True
+    max_fallbacks: int = 3
+    exit_wait_s: float = 120.0
+    io_threads: int = DEFAULT_IO_THREADS
+    entry_point: str | None = None
+    entry_kwargs: dict[str, Any] = field(default_factory=dict)
+    on_save_error: str = "stop"
+    take_over: bool = False
+    save_final: bool = True
+    owner_stale_after_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.save_every, int) or self.save_every < 0:
+            raise ValueError(f"save_every must be a non-negative integer, got {self.save_every!r}")
+        if self.on_save_error not in ("stop", "continue"):
+            raise ValueError(f"on_save_error must be 'stop' or 'continue', got {self.on_save_error!r}")
+        if self.io_threads < 1:
+            raise ValueError(f"io_threads must be >= 1, got {self.io_threads!r}")
+        if self.max_fallbacks < 0:
+            raise ValueError(f"max_fallbacks must be >= 0, got {self.max_fallbacks!r}")

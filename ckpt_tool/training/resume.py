@@ -1,0 +1,194 @@
+"""Resuming: the newest checkpoint that passes every check, loaded into the run's state.
+
+The newest candidate (LATEST, or a fallback when it is missing or garbage) is checked for
+structure (files and sizes, DCP metadata safe to read), loaded with every file hash-checked as
+DCP reads it, and verified by re-measuring the probe. Damage sends it to quarantine and the
+previous one is tried, up to ``max_fallbacks``; what is not damage (a checkpoint that does not
+fit the run, a newer format, a file this user may not read) is raised on every rank and moves
+nothing. Collective: every rank runs the same steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.exactness import trajectory_differences
+from ckpt_tool.core.manifest import Manifest
+from ckpt_tool.core.recovery import fallback_step
+from ckpt_tool.core.reshard import ReshardPlan, plan_resume
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.checksums import binding_seed
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training.comm import Comm
+from ckpt_tool.training.config import CheckpointConfig
+from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.probe import ProbeSpec, check_loaded_model
+from ckpt_tool.training.rank_state import TrainingState, read_rank_state
+from ckpt_tool.training.safe_dcp import load_state
+from ckpt_tool.training.validation import validate_checkpoint
+
+log = logging.getLogger("ckpt_tool")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    step: int
+    run_id: str
+    batch: BatchConfig | None  # the split to train with from here (the reshard plan's, or the saved one)
+    plan: ReshardPlan | None  # set when the world size changed
+    extra: dict[str, Any]
+
+
+class Resumption:
+    """One resume of ``state`` from ``store`` (see the module docstring)."""
+
+    def __init__(self, config: CheckpointConfig, state: TrainingState, probe: ProbeSpec | None, store: CheckpointStore, comm: Comm, env: Callable[[], dict[str, Any]], requested: BatchConfig | None) -> None:
+        self.config, self.state, self.probe, self.store, self.comm = config, state, probe, store, comm
+        self.env, self.requested = env, requested
+        self._model_differs = False  # the last load left checkpoint entries of the model unused
+
+    def run(self) -> Resumed | None:
+        """The resumed checkpoint, or None on a fresh start (no checkpoint at all)."""
+        for action in self.comm.on_coordinator(lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(self.store, s).ok)):
+            log.warning("ckpt: %s", action)
+        for _ in range(self.config.max_fallbacks + 1):
+            candidate = self.comm.on_coordinator(self._candidate)
+            if candidate is None:
+                return None
+            problems = self._check_structure(candidate)
+            resumed = None
+            if not problems:
+                resumed, problems = self._load(candidate)
+            if not problems:
+                problems = self._verify_loaded(candidate)
+            if not problems:
+                assert resumed is not None
+                return resumed
+            if self.comm.is_coordinator:
+                self._fall_back(candidate, problems)
+            self.comm.barrier()
+        raise CkptError(
+            f"no valid checkpoint in {self.store.root}: the newest {self.config.max_fallbacks + 1} were damaged and quarantined",
+            f"inspect {self.store.quarantine_root} and the index; run `ckpt validate --all`",
+            ExitCode.NOT_FOUND,
+        )
+
+    def _candidate(self) -> int | None:
+        try:
+            latest = self.store.read_latest()
+            if latest is not None and (self.store.step_path(latest) / layout.MANIFEST_NAME).is_file():
+                return latest
+            if latest is None and not self.store.committed_on_disk():
+                return None
+            reason = "LATEST names a missing checkpoint" if latest is not None else "LATEST is missing"
+        except CkptError as exc:
+            reason = exc.message
+        step = fallback_step(self.store.committed_on_disk(), None)
+        if step is None:
+            raise CkptError(f"{reason} and no committed checkpoint is left in {self.store.root}", "start the run from scratch in a new directory, or restore from quarantine/", ExitCode.NOT_FOUND)
+        log.warning("ckpt: %s; falling back to step %d", reason, step)
+        self.store.set_latest(step, reason)
+        return step
+
+    def _check_structure(self, step: int) -> list[str]:
+        """Rank 0 checks the files are all there with their sizes and the DCP metadata is safe
+        to read; the hashes are checked as the files are loaded (one read of the data). Damage
+        is returned as problems; what is not damage is raised on every rank."""
+        if not self.config.validate_on_resume:
+            return []
+
+        def check() -> list[str]:
+            result = validate_checkpoint(self.store, step, hashes=False)
+            if result.unreadable and not result.problems:
+                raise self.store.permission_denied(self.store.step_path(step) / result.unreadable[0])
+            return [str(p) for p in result.problems]
+
+        try:
+            return self.comm.on_coordinator(check)
+        except CkptError as exc:
+            if exc.exit_code == ExitCode.FAILED:
+                return [exc.message]
+            raise CkptError(f"checkpoint step {step}: {exc.message}", exc.hint, exc.exit_code) from None
+
+    def _load(self, step: int) -> tuple[Resumed | None, list[str]]:
+        """Load model, optimizer and this rank's state, every file hash-checked as it is read.
+        Returns the problems that make this checkpoint unusable (the same on every rank)."""
+        path = self.store.step_path(step)
+        manifest = self.store.read_manifest(step)
+        plan = self._plan_reshard(manifest) if manifest.world_size != self.comm.world_size else None
+        for why in trajectory_differences(manifest.env, self.env()):
+            log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
+        verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
+        problems: list[str] = []
+        mismatch: CkptError | None = None
+        model, optimizer = self.state.model, self.state.optimizer
+        if not optimizer.state:
+            # torch builds the empty optimizer state DCP loads into only when no parameter has a
+            # gradient; with gradients present it returns no optimizer state and the checkpoint's
+            # would be skipped without a word. Gradients from before a resume are stale anyway.
+            optimizer.zero_grad(set_to_none=True)
+        try:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            dcp_state = {"model": model_sd, "optim": optim_sd}
+            unused = load_state(dcp_state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
+            not_loaded = [k for k in unused if k.split(".", 1)[0] in dcp_state]  # the probe batch is verify's
+            self._model_differs = any(k.startswith("model.") for k in not_loaded)
+            if not_loaded and self.comm.is_coordinator:
+                log.warning("ckpt: %d entries of checkpoint step %d were not loaded, the model or optimizer differs from the saved one: %s", len(not_loaded), step, ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""))
+            rank_state = read_rank_state(path, verify_fs, self.comm.rank, self.comm.world_size, manifest.world_size)
+        except CkptError as exc:
+            if exc.exit_code != ExitCode.FAILED:  # not damage: does not fit the run, not readable by this user
+                mismatch = exc
+            problems = [exc.message]
+        gathered = self.comm.all_gather((problems, mismatch))
+        conflicts = [m for _, m in gathered if m is not None]
+        if conflicts:  # not damage: no quarantine, no fallback to an older checkpoint
+            raise CkptError(f"checkpoint step {step}: {conflicts[0].message}", conflicts[0].hint, conflicts[0].exit_code)
+        problems = sorted({p for rank_problems, _ in gathered for p in rank_problems})
+        if problems:
+            return None, problems
+        set_state_dict(model, optimizer, model_state_dict=dcp_state["model"], optim_state_dict=dcp_state["optim"])
+        extra = self.state.restore(rank_state)
+        if plan is not None and self.comm.is_coordinator:
+            self.store.append_event("reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json())
+        log.info("ckpt: resumed from %s (step %d)", path, step)
+        batch = plan.new if plan is not None else (self.requested or manifest.batch)
+        return Resumed(step, manifest.run_id, batch, plan, extra), []
+
+    def _plan_reshard(self, manifest: Manifest) -> ReshardPlan:
+        """A different world size: the one plan (``core.reshard.plan_resume``, the same ``ckpt
+        recover`` reports) keeps the global batch and never changes it silently."""
+        plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, self.comm.world_size, requested=self.requested)
+        log.warning(
+            "ckpt: resharding step %d from %d to %d ranks: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d kept",
+            manifest.step, manifest.world_size, self.comm.world_size, plan.new.micro_batch, plan.new.grad_accum, plan.old.micro_batch, plan.old.grad_accum, plan.new.global_batch,
+        )
+        return plan
+
+    def _verify_loaded(self, step: int) -> list[str]:
+        """The probe checks on the freshly loaded state (``ckpt verify`` in-process)."""
+        if not self.config.verify_on_resume or self.probe is None or self.store.read_manifest(step).probe is None:
+            return []
+        if self._model_differs:  # the probe measures the saved model; this one has other parts
+            log.warning("ckpt: the probe check of step %d is skipped: this run's model is not the one that saved it", step)
+            return []
+        try:
+            report = check_loaded_model(self.state.model, self.probe.loss_fn, self.store, step, self.comm.world_size, self.comm.group)
+            problems = [f"verify {failure}" for failure in report.failures()]
+        except (CkptError, OSError) as exc:
+            problems = [f"verify: {getattr(exc, 'message', exc)}"]
+        return sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
+
+    def _fall_back(self, bad: int, problems: list[str]) -> None:
+        reason = "; ".join(problems[:5])
+        log.error("ckpt: checkpoint step %d is damaged (%s): quarantining it", bad, reason)
+        self.store.quarantine(bad, reason)
+        previous = fallback_step(self.store.committed_on_disk(), bad)
+        if previous is not None:
+            self.store.set_latest(previous, f"step {bad} damaged: {reason}")

@@ -1,0 +1,237 @@
+"""Saving: stage, write through DCP (hashing as it writes), commit with the shared protocol.
+
+Sync saves return once committed. Async saves return once staging (a copy to CPU memory) has
+started; the copy must finish before the next optimizer step (the manager's step pre-hook waits
+for it); writing, hashing and committing run in a background thread; at most one is in flight.
+A failed save removes its staging directory and says why (free space, the previous checkpoint);
+``on_save_error`` decides whether that stops the training.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import shutil
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.checksums import binding_seed
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training import state_codec
+from ckpt_tool.training.comm import Comm
+from ckpt_tool.training.commit import commit_staged
+from ckpt_tool.training.config import CheckpointConfig
+from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.heartbeat import Heartbeat
+from ckpt_tool.training.probe import ProbeSpec, measure
+from ckpt_tool.training.rank_state import TrainingState
+from ckpt_tool.training.safe_dcp import dcp_failures
+
+log = logging.getLogger("ckpt_tool")
+
+
+class Saver:
+    """Writes checkpoints of ``state`` into ``store``. ``before_commit(step)`` runs in the
+    save's thread after the files are written and before the commit (tests use it to widen
+    that window)."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        state: TrainingState,
+        probe: ProbeSpec | None,
+        store: CheckpointStore,
+        comm: Comm,
+        hb: Heartbeat,
+        env: Callable[[], dict[str, Any]],
+        parallelism: dict[str, int],
+        before_commit: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config, self.state, self.probe, self.store, self.comm, self.hb = config, state, probe, store, comm, hb
+        self.env, self.parallelism, self.before_commit = env, parallelism, before_commit
+        self.run_id: str | None = None
+        self.batch: BatchConfig | None = None
+        self.last_saved_step: int | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
+        self._inflight: Future | None = None
+        self._staging: Future | None = None
+        self._stager: Any = None
+
+    # ------------------------------------------------------------------ saving
+    def save(self, step: int, extra: dict[str, Any] | None) -> None:
+        self.wait()  # at most one save in flight
+        self._check_step_grows(step)
+        if self.run_id is None:
+            self.run_id = self.comm.broadcast(uuid.uuid4().hex[:16] if self.comm.is_coordinator else None)
+        model, optimizer = self.state.model, self.state.optimizer
+        lr = float(optimizer.param_groups[0]["lr"])
+        probe = measure(model, self.probe, lr, step) if self.probe is not None else None
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp_state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        if self.probe is not None:
+            dcp_state["probe"] = self.probe.batch
+        rank_json = state_codec.dumps(self.state.capture(step, extra))
+        if not self.store.root.is_dir():  # never recreate it: that would start a new, empty history
+            self.handle_error(CkptError(f"checkpoint directory {self.store.root} vanished (unmounted or deleted?)", "restore or remount it; the previous checkpoints are wherever it went", ExitCode.FAILED))
+            return
+        try:
+            partial = self.store.begin_staging(step)
+        except OSError as exc:
+            self.handle_error(self._failed(step, exc))
+            return
+        writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=self.config.io_threads, overwrite=True)
+        run_id = self.run_id
+        writer.fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))  # hashes as it writes
+        commit_args = (writer.fs, step, rank_json, probe, time.time(), self.env())
+        if self.config.async_save:
+            response = dcp.async_save(dcp_state, storage_writer=writer, process_group=self.comm.group, async_stager=self._get_stager(), no_dist=not self.comm.distributed)
+            self._staging = response.staging_completion
+            self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
+        else:
+            try:
+                dcp.save(dcp_state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
+            except (CheckpointException, OSError) as exc:
+                self.handle_error(self._failed(step, exc))
+                return
+            try:
+                self._finish(None, *commit_args)
+            except CkptError as exc:
+                self.handle_error(exc)
+                return
+        self.last_saved_step = step
+
+    def _check_step_grows(self, step: int) -> None:
+        """Refuse a save behind the newest checkpoint: LATEST would move back, and the next start
+        would roll forward to the newer-numbered (older) checkpoint. The same step again is a
+        supersede (the old one is quarantined). Before the first save or resume, the directory
+        is asked (one listing, on rank 0)."""
+        newest = self.last_saved_step
+        if newest is None:
+            newest = self.comm.on_coordinator(self._newest_in_directory)
+        if newest is not None and step < newest:
+            raise CkptError(
+                f"save({step}): {self.store.root} already holds checkpoint step {newest}; steps must not go back",
+                "call resume() before training to continue from it, use a new directory for a new run, or `ckpt rollback --to N` first to go back on purpose",
+                ExitCode.USAGE,
+            )
+
+    def _newest_in_directory(self) -> int | None:
+        """The highest step LATEST or a committed directory names (one listing)."""
+        latest = self.store.latest_or_none()
+        return max([*self.store.committed_on_disk(), *([] if latest is None else [latest])], default=None)
+
+    def _get_stager(self) -> Any:
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: PLC0415 (async only)
+
+            accel = torch.cuda.is_available()
+            # One staging buffer, cached and reused across saves; pinned + non-blocking on GPUs.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=accel, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=accel))
+        return self._stager
+
+    def _finish(self, upload: Future | None, fs: HashingFileSystem, step: int, rank_json: bytes, probe: Probe | None, created_at: float, env: dict[str, Any]) -> None:
+        """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
+        if upload is not None:
+            try:
+                upload.result()
+            except (CheckpointException, OSError) as exc:
+                raise self._failed(step, exc) from None
+        if self.before_commit is not None:
+            self.before_commit(step)
+        assert self.run_id is not None
+        run_id = self.run_id
+
+        def make_manifest(files: tuple[FileEntry, ...]) -> Manifest:
+            return Manifest(
+                run_id=run_id,
+                step=step,
+                created_at=created_at,
+                world_size=self.comm.world_size,
+                files=files,
+                batch=self.batch,
+                parallelism=self.parallelism,
+                env=env,
+                probe=probe,
+                entry_point=self.config.entry_point,
+                entry_kwargs=self.config.entry_kwargs,
+            )
+
+        try:
+            commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
+        except (CkptError, OSError) as exc:
+            raise self._failed(step, exc) from None
+        self.hb.checkpoint_committed(step)
+
+    # ------------------------------------------------------------------ failures
+    def _failed(self, step: int, exc: BaseException) -> CkptError:
+        """Remove the staging directory of a failed save and say why, with the space involved."""
+        if self.comm.is_coordinator:
+            self.store.discard_staging(step)
+        if isinstance(exc, CkptError) and exc.exit_code == ExitCode.CONFLICT:  # not a disk problem
+            return CkptError(f"saving step {step} failed: {exc.message}", exc.hint, exc.exit_code)
+        cause = root_os_error(exc)
+        latest = self.store.latest_or_none()
+        hint = f"the previous checkpoint (step {latest}) is intact and the partial files were removed" if latest is not None else "no checkpoint was committed yet; the partial files were removed"
+        if cause is not None and cause.errno == errno.ENOSPC:
+            free = shutil.disk_usage(self.store.root).free
+            needed = self.store.read_manifest(latest).total_bytes if latest is not None else None
+            need = f"a checkpoint takes about {needed} bytes" if needed else "the state did not fit"
+            return CkptError(f"saving step {step} failed: no space left on device in {self.store.root} ({free} bytes free; {need})", f"free space there or move --ckpt-dir; {hint}", ExitCode.FAILED)
+        detail = f"{type(cause or exc).__name__}: {cause or exc}".splitlines()[0]
+        return CkptError(f"saving step {step} to {self.store.root} failed: {detail}", hint, ExitCode.FAILED)
+
+    def handle_error(self, error: CkptError) -> None:
+        """``on_save_error="stop"`` (default): raise; ``"continue"``: log and train on."""
+        if self.config.on_save_error == "continue":
+            log.error("ckpt: %s (training continues without this checkpoint: %s)", error.message, error.hint)
+            return
+        raise error
+
+    # ------------------------------------------------------------------ waiting and shutdown
+    def wait_for_staging(self) -> None:
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            staging.result()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the in-flight save (staging and commit); re-raise its failure."""
+        self.wait_for_staging()
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            try:
+                inflight.result(timeout=timeout)
+            except CkptError as exc:
+                self.handle_error(exc)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False)
+        if self._stager is not None:
+            self._stager.close()
+
+
+def root_os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failure, looking through DCP's CheckpointException and chains."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e
+        if isinstance(e, CheckpointException):
+            todo += dcp_failures(e)
+        todo += [e.__cause__, e.__context__]
+    return None
