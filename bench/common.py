@@ -438,7 +438,8 @@ def log(message: str) -> None:
 
 
 class MetricsTail:
-    """Stamps each new line of the metrics file (wall clock) from a background thread."""
+    """Stamps each new line of the metrics file (wall clock): from its own thread (``start``),
+    or from a caller's poller (``poll``)."""
 
     def __init__(self, path: Path, interval_s: float = 0.005, probe: Callable[[], dict[str, float]] | None = None) -> None:
         self.path = path
@@ -446,6 +447,7 @@ class MetricsTail:
         self.probe = probe
         self.lines: list[tuple[int, float]] = []  # (step, time.time() when seen)
         self.cpu: list[dict[str, float]] = []  # probe() when each line was seen
+        self._offset, self._partial = 0, b""
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-tail", daemon=True)
@@ -458,31 +460,35 @@ class MetricsTail:
         self._stop.set()
         self._thread.join()
 
-    def _run(self) -> None:
-        offset, partial = 0, b""
-        while not self._stop.is_set():
+    def poll(self) -> None:
+        """Read what was appended since the last poll (the thread calls this every interval)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        now = time.time()
+        if not data:
+            return
+        self._offset += len(data)
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        steps = []
+        for line in complete:
             try:
-                with open(self.path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            now = time.time()
-            if data:
-                offset += len(data)
-                *complete, partial = (partial + data).split(b"\n")
-                steps = []
-                for line in complete:
-                    try:
-                        steps.append(int(json.loads(line)["step"]))
-                    except (ValueError, KeyError, TypeError):
-                        continue  # a line torn by a SIGKILL of rank 0
-                if steps:
-                    cpu = self.probe() if self.probe is not None else {}
-                    with self._cond:
-                        self.lines += [(s, now) for s in steps]
-                        self.cpu += [cpu] * len(steps)
-                        self._cond.notify_all()
+                steps.append(int(json.loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by a SIGKILL of rank 0
+        if steps:
+            cpu = self.probe() if self.probe is not None else {}
+            with self._cond:
+                self.lines += [(s, now) for s in steps]
+                self.cpu += [cpu] * len(steps)
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
             self._stop.wait(self.interval_s)
 
     def count(self) -> int:
@@ -512,22 +518,3 @@ class MetricsTail:
         """When the line of ``step`` was first seen, or None."""
         with self._cond:
             return next((t for s, t in self.lines if s == step), None)
-
-
-def recipe_ranks(root_pid: int) -> dict[int, Any]:
-    """The live rank processes of the reference recipe below ``root_pid``, by RANK."""
-    import psutil
-
-    out: dict[int, Any] = {}
-    try:
-        children = psutil.Process(root_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return out
-    for p in children:
-        try:
-            cmd = " ".join(p.cmdline())
-            if "ckpt_tool.recipes.tiny_gpt" in cmd and "torch.distributed.run" not in cmd and p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                out[int(p.environ()["RANK"])] = p
-        except (psutil.Error, KeyError, ValueError):
-            continue
-    return out

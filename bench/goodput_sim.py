@@ -36,7 +36,6 @@ Total time is capped by --budget (default 720 s): K values that would not fit ar
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import statistics
@@ -48,53 +47,33 @@ from typing import Any
 import common
 from common import Result, Row
 
-from ckpt_tool.supervise.events import read_events
+from ckpt_tool.recipes.launch import RecipeJob
 
-RECIPE = "ckpt_tool.recipes.tiny_gpt"
-FAST_ARGS = ("--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")
 WARM_STEPS = 10
 CLEAN_SAVE_EVERY = 5
 RATIO_LOW, RATIO_HIGH = 0.8, 1.25
 
 
-class Job:
-    """``ckpt run --nproc-per-node 2 ... -- -m tiny_gpt ...`` in ``root``."""
+class Job(RecipeJob):
+    """``ckpt run --nproc-per-node 2 ... -- -m tiny_gpt ...`` in ``root``, each metrics line stamped as it appears."""
 
     def __init__(self, root: Path, steps: int, save_every: int, run_opts: tuple[str, ...] = ()) -> None:
-        root.mkdir(parents=True)
-        self.root = root
-        self.ckpt, self.metrics, self.run_dir, self.log = root / "ckpt", root / "metrics.jsonl", root / "run", root / "log.txt"
-        recipe = ["--ckpt-dir", str(self.ckpt), "--metrics", str(self.metrics), "--steps", str(steps), "--save-every", str(save_every), *FAST_ARGS]
-        self.argv = common.ckpt_command("run", "--nproc-per-node", "2", "--run-dir", str(self.run_dir), *run_opts, "--", "-m", RECIPE, *recipe)
+        super().__init__(root, steps, save_every, run_opts=run_opts)
         self.tail = common.MetricsTail(self.metrics)
-        self.proc: subprocess.Popen | None = None
 
-    def start(self) -> Job:
+    def start(self, env: Any = None) -> Job:
         self.tail.start()
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        super().start(env)
         return self
 
-    def ranks(self) -> dict[int, Any]:
-        return common.recipe_ranks(self.proc.pid)
-
-    def events(self) -> list[dict[str, Any]]:
-        return read_events(self.run_dir)
-
     def finish(self, timeout: float) -> int | None:
-        from ckpt_tool.recipes.launch import kill_tree
-
         try:
             return self.proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
-            kill_tree(self.proc.pid)
-            self.proc.wait()
+            self.kill()
             return None
         finally:
             self.tail.stop()
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-1500:]
 
 
 # ----------------------------------------------------------------------------- measurements

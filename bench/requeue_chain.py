@@ -130,41 +130,6 @@ class Poller:
         self._thread.join()
 
 
-class MetricsTail:
-    """Each new line of rank 0's metrics file, stamped with the wall clock when seen."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lines: list[tuple[int, float]] = []  # (step, time seen)
-        self._offset, self._partial = 0, b""
-        self._lock = threading.Lock()
-
-    def poll(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        now = time.time()
-        if not data:
-            return
-        self._offset += len(data)
-        *complete, self._partial = (self._partial + data).split(b"\n")
-        steps = []
-        for line in complete:
-            try:
-                steps.append(int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-        with self._lock:
-            self.lines += [(s, now) for s in steps]
-
-    def snapshot(self) -> list[tuple[int, float]]:
-        with self._lock:
-            return list(self.lines)
-
-
 class JobStates:
     """squeue state transitions of one job: [(time, state)], "" once it left the queue."""
 
@@ -328,7 +293,7 @@ def run_trial(root: Path, natural: bool) -> dict[str, Any]:
     job_id, ckpt, metrics = submit(root)
     run_dir = ckpt / "run"
     out_file = run_dir / f"slurm-{job_id}.out"
-    tail, states, procs = MetricsTail(metrics), JobStates(job_id), JobProcs(str(ckpt))
+    tail, states, procs = common.MetricsTail(metrics), JobStates(job_id), JobProcs(str(ckpt))
     pollers = [
         Poller(tail.poll, 0.01, "metrics"),
         Poller(states.poll, 0.1, "squeue"),

@@ -61,12 +61,10 @@ with hash check, probe check). For information.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,7 +73,7 @@ from typing import Any, Callable
 import common
 from common import Result, Row, Stats
 
-from ckpt_tool.supervise.events import read_events
+from ckpt_tool.recipes.launch import RecipeJob
 
 BEATS_PER_STEP = 3
 BEAT_TARGET = 0.01
@@ -83,28 +81,16 @@ CRASH_TARGET_S = 2.0
 HANG_TARGET_S = 10.0
 WARM_STEPS = 10  # steps excluded from steps/s (start-up, FSDP lazy init)
 PROGRESS_STEPS = 12  # steps made after a recovery before the next failure
-RECIPE = "ckpt_tool.recipes.tiny_gpt"
 
 
 # ----------------------------------------------------------------------------- launching the recipe
-class Job:
-    """One launch of the recipe, under ``ckpt run`` (supervised) or plain torchrun, in ``root``."""
+class Job(RecipeJob):
+    """One launch of the recipe (under ``ckpt run`` or plain torchrun), each metrics line stamped
+    as it appears, with the CPU seconds of the supervisor and the torchrun agent at that moment."""
 
     def __init__(self, root: Path, steps: int, save_every: int, extra: tuple[str, ...] = (), supervised: bool = True, run_opts: tuple[str, ...] = ()) -> None:
-        from ckpt_tool.recipes.launch import FAST_ARGS, recipe_args, torchrun_command
-
-        root.mkdir(parents=True)
-        self.root = root
-        self.ckpt, self.metrics, self.run_dir, self.log = root / "ckpt", root / "metrics.jsonl", root / "run", root / "log.txt"
-        args = recipe_args(self.ckpt, self.metrics, steps, save_every, *FAST_ARGS, *extra)
-        if supervised:
-            self.argv = [sys.executable, "-m", "ckpt_tool.cli.main", "run", "--nproc-per-node", "2", "--run-dir", str(self.run_dir), *run_opts, "--", "-m", RECIPE, *args]
-        else:
-            self.argv = torchrun_command(2, args)
-        self.supervised = supervised
-        self.proc: subprocess.Popen | None = None
+        super().__init__(root, steps, save_every, extra, supervised=supervised, run_opts=run_opts)
         self.tail = common.MetricsTail(self.metrics, probe=self.cpu_seconds)
-        self.started_at = 0.0
         self._watched: dict[str, Any] = {}
 
     def cpu_seconds(self) -> dict[str, float]:
@@ -123,25 +109,16 @@ class Job:
         except psutil.Error:
             return {}
 
-    def start(self) -> Job:
+    def start(self, env: Any = None) -> Job:
         self.tail.start()
-        with open(self.log, "ab") as log:
-            self.started_at = time.time()
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        super().start(env)
         return self
 
-    def wait(self, timeout: float) -> int:
-        assert self.proc is not None
+    def wait(self, timeout: float = 300) -> int:
         try:
-            return self.proc.wait(timeout=timeout)
+            return super().wait(timeout)
         finally:
             self.tail.stop()
-
-    def ranks(self) -> dict[int, Any]:
-        return common.recipe_ranks(self.proc.pid)
-
-    def events(self) -> list[dict[str, Any]]:
-        return read_events(self.run_dir)
 
     def wait_event(self, pred: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
@@ -154,27 +131,19 @@ class Job:
             time.sleep(0.02)
         return None
 
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-2000:]
-
     def stop(self, timeout: float = 60) -> int | None:
         """SIGTERM to ckpt run: the ranks checkpoint at their next step and exit (75, requeue)."""
-        from ckpt_tool.recipes.launch import kill_tree
-
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.wait(timeout)
         except subprocess.TimeoutExpired:
-            kill_tree(self.proc.pid)
+            self.kill()
             return None
 
     def cleanup(self) -> None:
-        from ckpt_tool.recipes.launch import kill_tree
-
-        if self.proc is not None and self.proc.poll() is None:
-            kill_tree(self.proc.pid)
+        self.kill()
         if not self.tail._stop.is_set():
             self.tail.stop()
 

@@ -1,4 +1,6 @@
-"""Running the reference recipe under torchrun and comparing its metrics (demo, tests, benchmarks)."""
+"""Running the reference recipe and comparing its metrics: the one place the demo, the tests and
+the benchmarks build its command lines, launch it (plain torchrun or under ``ckpt run``), find
+its rank processes and read what it logged."""
 
 from __future__ import annotations
 
@@ -6,18 +8,28 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from ckpt_tool.supervise.processes import kill_tree as _kill_tree
+import psutil
 
+from ckpt_tool.supervise.events import read_events
+from ckpt_tool.supervise.processes import kill_tree
+
+RECIPE = "ckpt_tool.recipes.tiny_gpt"
 # A small, fast configuration of the recipe for tests and the demo (about 0.1 s a step on 2 CPU ranks).
 FAST_ARGS = ("--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")
 
 
-def torchrun_command(nproc: int, recipe_args: Sequence[str], module: str = "ckpt_tool.recipes.tiny_gpt") -> list[str]:
+def torchrun_command(nproc: int, recipe_args: Sequence[str], module: str = RECIPE) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *recipe_args]
+
+
+def ckpt_run_command(nproc: int, run_dir: Path, recipe_args: Sequence[str], run_opts: Sequence[str] = (), module: str = RECIPE) -> list[str]:
+    """``ckpt run --nproc-per-node N --run-dir DIR [OPTS] -- -m MODULE ARGS``."""
+    return [sys.executable, "-m", "ckpt_tool.cli.main", "run", f"--nproc-per-node={nproc}", "--run-dir", str(run_dir), *run_opts, "--", "-m", module, *recipe_args]
 
 
 def recipe_args(ckpt_dir: Path, metrics: Path, steps: int, save_every: int, *extra: str) -> list[str]:
@@ -31,9 +43,74 @@ def run(cmd: Sequence[str], log: Path | None = None, timeout: float = 600, env: 
         return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, env=full_env, start_new_session=True).returncode
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once, like a power cut."""
-    _kill_tree([pid])
+def recipe_ranks(root_pid: int, module: str = RECIPE) -> dict[int, psutil.Process]:
+    """The live rank processes of the recipe below ``root_pid`` (torchrun or ``ckpt run``), by RANK."""
+    out: dict[int, psutil.Process] = {}
+    try:
+        children = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return out
+    for p in children:
+        try:
+            cmd = " ".join(p.cmdline())
+            if module in cmd and "torch.distributed.run" not in cmd and p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                out[int(p.environ()["RANK"])] = p
+        except (psutil.Error, KeyError, ValueError):
+            continue
+    return out
+
+
+class RecipeJob:
+    """One launch of the recipe in ``root`` (``ckpt/``, ``metrics.jsonl``, ``run/``, ``log.txt``),
+    under ``ckpt run`` (``supervised``) or plain torchrun, in its own session."""
+
+    def __init__(self, root: Path, steps: int, save_every: int, extra: Sequence[str] = (), *, supervised: bool = True, run_opts: Sequence[str] = (), nproc: int = 2) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root, self.supervised = root, supervised
+        self.ckpt, self.metrics, self.run_dir, self.log = root / "ckpt", root / "metrics.jsonl", root / "run", root / "log.txt"
+        args = recipe_args(self.ckpt, self.metrics, steps, save_every, *FAST_ARGS, *extra)
+        self.argv = ckpt_run_command(nproc, self.run_dir, args, run_opts) if supervised else torchrun_command(nproc, args)
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+
+    def start(self, env: Mapping[str, str] | None = None) -> RecipeJob:
+        with open(self.log, "ab") as log:
+            self.started_at = time.time()
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        return self
+
+    def wait(self, timeout: float = 300) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def run(self, timeout: float = 300) -> int:
+        return self.start().wait(timeout)
+
+    def ranks(self) -> dict[int, psutil.Process]:
+        assert self.proc is not None
+        return recipe_ranks(self.proc.pid)
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_events(self.run_dir)
+
+    def wait_for_step(self, step: int, timeout: float = 120) -> None:
+        """Until rank 0 logged ``step`` (or later); fails when the job ends first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.metrics.exists() and any(m.step >= step for m in read_metrics(self.metrics)):
+                return
+            assert self.proc is not None and self.proc.poll() is None, self.log_tail()
+            time.sleep(0.05)
+        raise AssertionError(f"step {step} not reached; {self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole tree at once, like a power cut (nothing when it already ended)."""
+        if self.proc is not None and self.proc.poll() is None:
+            kill_tree([self.proc.pid])
+            self.proc.wait()
 
 
 @dataclass(frozen=True)
@@ -45,10 +122,14 @@ class StepMetrics:
 
 
 def read_metrics(path: Path) -> list[StepMetrics]:
-    """Every line, in order (a step re-run after a crash appears again)."""
+    """Every complete line, in order (a step re-run after a crash appears again; a last line
+    cut by a SIGKILL of rank 0 is skipped)."""
     out = []
     for line in path.read_text().splitlines():
-        d = json.loads(line)
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
         out.append(StepMetrics(int(d["step"]), float(d["loss"]), float(d["lr"]), float(d["grad_norm"])))
     return out
 

@@ -14,14 +14,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix.
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import time
 
 import pytest
 
 from ckpt_tool.core import layout
-from ckpt_tool.recipes.launch import FAST_ARGS, kill_tree, recipe_args, torchrun_command
+from ckpt_tool.recipes.launch import FAST_ARGS, ckpt_run_command, recipe_args, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.supervise.processes import kill_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -59,7 +59,7 @@ def test_sigkill_of_the_whole_job_never_breaks_latest(tmp_path):
         args = recipe_args(ckpt, tmp_path / "m.jsonl", 100_000, 1, *FAST_ARGS, "--keep-last", "2", *mode)
         # every other pair of trials runs under `ckpt run`: the watchdog dies in the power cut too
         supervised = trial % 4 >= 2
-        argv = [sys.executable, "-m", "ckpt_tool.cli.main", "run", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), "--", *torchrun_command(2, args)[5:]] if supervised else torchrun_command(2, args)
+        argv = ckpt_run_command(2, tmp_path / "run", args) if supervised else torchrun_command(2, args)
         before = commits(CheckpointStore(ckpt)) if ckpt.exists() else 0
         events_before = len(CheckpointStore(ckpt).events()) if ckpt.exists() else 0
         left_by_last_crash = leftovers(CheckpointStore(ckpt)) if ckpt.exists() else set()
@@ -73,7 +73,7 @@ def test_sigkill_of_the_whole_job_never_breaks_latest(tmp_path):
             # The job is now saving every step; die at a random instant.
             time.sleep(rnd.uniform(0.0, 1.0))
         finally:
-            kill_tree(proc.pid)
+            kill_tree([proc.pid], 0.0)  # SIGKILL of the whole tree at once: a power cut
             proc.wait()
         store = CheckpointStore(ckpt)
         # What the previous crash left was cleaned up by this start before it committed.

@@ -11,8 +11,9 @@ import pytest
 
 from ckpt_tool.core import layout
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.recipes.launch import FAST_ARGS, kill_tree, recipe_args, run, torchrun_command
+from ckpt_tool.recipes.launch import FAST_ARGS, recipe_args, run, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.supervise.processes import kill_tree
 
 from ..integration.tiny import make_trainer
 
@@ -75,7 +76,7 @@ def test_a_second_real_job_is_refused_while_the_first_runs(tmp_path):
         assert code != 0 and "is being written by a job outside SLURM on" in log
         assert a.wait(timeout=180) == 0  # the first job was not disturbed
     finally:
-        kill_tree(a.pid)
+        kill_tree([a.pid])
     assert not (tmp_path / "b.jsonl").exists() or not (tmp_path / "b.jsonl").read_text()
     assert CheckpointStore(ckpt).read_latest() == 60
 

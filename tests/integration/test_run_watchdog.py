@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from ckpt_tool.errors import ExitCode
-from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, kill_tree, read_metrics, recipe_args
+from ckpt_tool.recipes.launch import RecipeJob, compare_runs, read_metrics
 from ckpt_tool.store.store import CheckpointStore
 
 from ..conftest import SAVE_EVERY, STEPS
@@ -24,50 +24,14 @@ from ..conftest import SAVE_EVERY, STEPS
 pytestmark = pytest.mark.slow
 
 
-class Supervised:
-    """`ckpt run --nproc-per-node 2 -- -m ckpt_tool.recipes.tiny_gpt ...` in tmp_path."""
+class Supervised(RecipeJob):
+    """`ckpt run --nproc-per-node 2 -- -m ckpt_tool.recipes.tiny_gpt ...` in ``root``."""
 
     def __init__(self, root: Path, *extra: str, run_opts: tuple[str, ...] = (), steps: int = STEPS, save_every: int = SAVE_EVERY) -> None:
-        self.root = root
-        self.ckpt, self.metrics, self.run_dir = root / "ckpt", root / "metrics.jsonl", root / "run"
-        self.argv = [sys.executable, "-m", "ckpt_tool.cli.main", "run", "--nproc-per-node", "2", "--run-dir", str(self.run_dir), *run_opts,
-                     "--", "-m", "ckpt_tool.recipes.tiny_gpt", *recipe_args(self.ckpt, self.metrics, steps, save_every, *FAST_ARGS, *extra)]
-        self.proc: subprocess.Popen | None = None
+        super().__init__(root, steps, save_every, extra, run_opts=run_opts)
 
-    def start(self) -> "Supervised":
-        self.log = open(self.root / "log.txt", "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        return self
-
-    def wait(self, timeout: float = 300) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout=timeout)
-
-    def run(self, timeout: float = 300) -> int:
-        return self.start().wait(timeout)
-
-    def ranks(self) -> list[psutil.Process]:
-        return [p for p in psutil.Process(self.proc.pid).children(recursive=True) if "ckpt_tool.recipes.tiny_gpt" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())]
-
-    def wait_for_step(self, step: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.metrics.exists() and any(m.step >= step for m in read_metrics(self.metrics)):
-                return
-            assert self.proc.poll() is None, self.tail()
-            time.sleep(0.05)
-        raise AssertionError(f"step {step} not reached; {self.tail()}")
-
-    def events(self) -> list[dict]:
-        path = self.run_dir / "events.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def tail(self) -> str:
-        return (self.root / "log.txt").read_text(errors="replace")[-3000:]
-
-    def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            kill_tree(self.proc.pid)
+    def rank_list(self) -> list[psutil.Process]:
+        return [p for _, p in sorted(self.ranks().items())]
 
 
 @pytest.fixture
@@ -82,7 +46,7 @@ def supervised(tmp_path):
 
     yield make
     for s in made:
-        s.cleanup()
+        s.kill()
     # No test leaves a process behind: nothing still runs with this test's directory in its command line.
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     for p in leftovers:
@@ -99,10 +63,10 @@ def assert_identical_to_reference(reference_run, s: Supervised) -> None:
 def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, supervised):
     s = supervised().start()
     s.wait_for_step(12)
-    victim = s.ranks()[-1]
+    victim = s.rank_list()[-1]
     killed_at = time.time()
     victim.send_signal(signal.SIGKILL)
-    assert s.wait() == ExitCode.OK, s.tail()
+    assert s.wait() == ExitCode.OK, s.log_tail()
     events = s.events()
     [exited] = [e for e in events if e["event"] == "rank_exited"]
     assert exited["time"] - killed_at < 2.0, "rank death not seen within 2 s"
@@ -115,13 +79,13 @@ def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, superv
     # checkpoint write (a hang there is caught after the checkpoint timeout, tested in unit tests)
     s = supervised(save_every=10, run_opts=("--grace", "20")).start()
     s.wait_for_step(12)
-    victim = s.ranks()[0]
+    victim = s.rank_list()[0]
     stopped_at = time.time()
     victim.send_signal(signal.SIGSTOP)
-    assert s.wait() == ExitCode.OK, s.tail()
+    assert s.wait() == ExitCode.OK, s.log_tail()
     events = s.events()
     hangs = [e for e in events if e["event"] == "hang"]
-    assert hangs, s.tail()
+    assert hangs, s.log_tail()
     assert hangs[0]["time"] - stopped_at <= 10.0
     assert hangs[0]["timeout_s"] <= 10.0
     [killed] = [e for e in events if e["event"] == "killed_ranks"]
@@ -136,7 +100,7 @@ def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, superv
 def test_slow_checkpoints_and_a_data_stall_are_not_hangs(supervised):
     # Sync saves made ~30x slower than a step (3 s vs ~0.1 s) and a 20 s data stall at step 7.
     s = supervised("--save-delay", "3", "--data-stall-at-step", "7", "--data-stall-s", "20", steps=16)
-    assert s.run() == ExitCode.OK, s.tail()
+    assert s.run() == ExitCode.OK, s.log_tail()
     names = [e["event"] for e in s.events()]
     assert "hang" not in names and "rank_exited" not in names and "restarted" not in names, names
     assert names[-1] == "finished"
@@ -146,9 +110,9 @@ def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised
     s = supervised().start()
     s.wait_for_step(17)
     os.kill(s.proc.pid, signal.SIGUSR1)
-    assert s.wait() == ExitCode.REQUEUE, s.tail()
+    assert s.wait() == ExitCode.REQUEUE, s.log_tail()
     stopped = [e for e in s.events() if e["event"] == "stopped_for_requeue"]
-    assert stopped, s.tail()
+    assert stopped, s.log_tail()
     step = stopped[0]["step"]
     assert step >= 17 and step % SAVE_EVERY != 0 or step >= 17  # saved at the next step boundary
     store = CheckpointStore(s.ckpt)
@@ -156,7 +120,7 @@ def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised
     again = supervised(name="again")
     again.argv = s.argv  # the same job, started again (as SLURM's requeue does)
     again.root = s.root
-    assert again.run() == ExitCode.OK, again.tail()
+    assert again.run() == ExitCode.OK, again.log_tail()
     lines = read_metrics(s.metrics)
     assert [m.step for m in lines if m.step > step][0] == step + 1  # resumed right after the checkpoint
     assert_identical_to_reference(reference_run, s)
@@ -164,17 +128,17 @@ def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised
 
 def test_crash_loop_is_stopped_with_a_clear_message(supervised):
     s = supervised("--crash-at-step", "8", "--crash-repeat", run_opts=("--crash-loop", "2", "--max-restarts", "5"))
-    assert s.run() == ExitCode.CRASH_LOOP, s.tail()
+    assert s.run() == ExitCode.CRASH_LOOP, s.log_tail()
     [loop] = [e for e in s.events() if e["event"] == "crash_loop"]
     assert "2 failures in a row without a new checkpoint (past checkpoint step 5)" in loop["message"]
-    assert "crash loop" in s.tail()
+    assert "crash loop" in s.log_tail()
 
 
 def test_a_fresh_run_logs_no_resume_and_ends_with_a_checkpoint_of_its_last_step(supervised):
     """12 steps, a checkpoint every 5: steps 5 and 10 as configured, and 12, the last step, at
     close(). A fresh start is not a resume, even after its first checkpoint is committed."""
     s = supervised(steps=12, save_every=5)
-    assert s.run() == ExitCode.OK, s.tail()
+    assert s.run() == ExitCode.OK, s.log_tail()
     assert "resumed" not in [e["event"] for e in s.events()]
     store = CheckpointStore(s.ckpt)
     assert store.committed_on_disk() == [5, 10, 12] and store.read_latest() == 12
@@ -186,12 +150,12 @@ def test_a_configuration_error_is_fatal_at_once_with_the_ranks_message(supervise
     again after every restart: `ckpt run` stops at once with the rank's exit code and message
     instead of restarting, and never calls it a crash loop."""
     first = supervised(steps=5, save_every=5, name="first")
-    assert first.run() == ExitCode.OK, first.tail()
+    assert first.run() == ExitCode.OK, first.log_tail()
     misfit = supervised("--d-model", "32", steps=10, save_every=5, name="misfit")  # FAST_ARGS say 64; the later flag wins
     misfit.ckpt = first.ckpt
     misfit.argv = [a if a != str(misfit.root / "ckpt") else str(first.ckpt) for a in misfit.argv]
     t0 = time.monotonic()
-    assert misfit.run() == ExitCode.CONFLICT, misfit.tail()
+    assert misfit.run() == ExitCode.CONFLICT, misfit.log_tail()
     assert time.monotonic() - t0 < 60
     events = misfit.events()
     [fatal] = [e for e in events if e["event"] == "fatal"]
@@ -200,7 +164,7 @@ def test_a_configuration_error_is_fatal_at_once_with_the_ranks_message(supervise
     assert CheckpointStore(first.ckpt).committed_on_disk() == [5] and not (first.ckpt / "quarantine").exists()
 
     bad_args = supervised("--steps", "many", name="bad-args")
-    assert bad_args.run() == ExitCode.USAGE, bad_args.tail()
+    assert bad_args.run() == ExitCode.USAGE, bad_args.log_tail()
     [fatal] = [e for e in bad_args.events() if e["event"] == "fatal"]
     assert "invalid int value: 'many'" in fatal["message"]
     assert not [e for e in bad_args.events() if e["event"] in ("restarted", "crash_loop")]
@@ -212,9 +176,9 @@ def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervis
     i = s.argv.index("--run-dir")
     s.argv[i : i + 2] = ["--ckpt-dir", str(s.ckpt), "--json"]
     s.run_dir = s.ckpt / "run"
-    assert s.run() == ExitCode.OK, s.tail()
+    assert s.run() == ExitCode.OK, s.log_tail()
     assert [e["event"] for e in s.events()][-1] == "finished"
-    printed = [json.loads(line) for line in s.tail().splitlines() if line.startswith('{"')]  # --json: one event per line
+    printed = [json.loads(line) for line in s.log_tail().splitlines() if line.startswith('{"')]  # --json: one event per line
     assert [e["event"] for e in printed][-1] == "finished" and printed == s.events()[-len(printed):]
     status = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "status", str(s.ckpt), "--json"], capture_output=True, text=True, timeout=60)
     report = json.loads(status.stdout)
