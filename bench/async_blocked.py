@@ -26,9 +26,10 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import common
 from common import GB, Result, Row, Stats
@@ -102,7 +103,7 @@ def training_loop(mgr: Any, optimizer: Any, compute: Callable[[], int], steps: i
         if step % every == 0:
             current["in_save"] = step
             rec.save_window[step] = (time.perf_counter(), float("nan"))
-            rec.save_call[step], _ = common.timed(lambda: mgr.save(step))
+            rec.save_call[step], _ = common.timed(lambda step=step: mgr.save(step))
             current["in_save"], current["pending_save"] = None, step
         if step % every == 1 and step > every:
             common.log(f"step {step}: save of step {step - 1} blocked {rec.save_call[step - 1] + rec.hook_wait.get(step - 1, 0):.3f} s")
@@ -115,7 +116,7 @@ def sync_save_times(work: Path, model: Any, optimizer: Any, reps: int) -> list[f
     times = []
     for step in range(reps + 1):
         common.settle()
-        seconds, _ = common.timed(lambda: mgr.save(step))
+        seconds, _ = common.timed(lambda step=step: mgr.save(step))
         shutil.rmtree(mgr.store.step_path(step))
         if step > 0:  # step 0 is the warm-up
             times.append(seconds)

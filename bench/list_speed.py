@@ -138,7 +138,7 @@ def main() -> None:
         dirs = {small: work / f"ckpt_{small}", large: work / f"ckpt_{large}"}
         build_s = 0.0
         for n, d in dirs.items():
-            seconds, _ = common.timed(lambda: populate(d, n, template))
+            seconds, _ = common.timed(lambda d=d, n=n: populate(d, n, template))
             build_s = seconds
             common.log(f"{n} checkpoints written in {seconds:.1f} s")
         index_bytes = (dirs[large] / layout.INDEX_NAME).stat().st_size

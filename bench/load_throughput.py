@@ -29,8 +29,9 @@ calls.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import common
 from common import GB, PhaseTimer, Result, Row, Stats
@@ -83,7 +84,7 @@ class Loader:
         mgr.close()
         assert step == 1, step
         optimizer.zero_grad(set_to_none=True)
-        for mine, saved in zip(self.target.parameters(), self.reference.parameters()):
+        for mine, saved in zip(self.target.parameters(), self.reference.parameters(), strict=True):
             assert self.torch.equal(mine, saved), "resumed parameters differ from the saved ones"
         return seconds, phases
 

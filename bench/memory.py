@@ -102,7 +102,7 @@ def slope(values: list[int]) -> float:
     xs = range(len(values))
     mx, my = statistics.mean(xs), statistics.mean(values)
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, values)) / den if den else 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, values, strict=True)) / den if den else 0.0
 
 
 def peak_rows(p: dict[str, Any]) -> tuple[list[Row], list[str]]:

@@ -52,8 +52,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import common
 from common import Result, Row, Stats
@@ -358,7 +359,7 @@ def analyse(
         raise RuntimeError(f"job {job_id}: first step after the requeue is {resumed[:1]}, expected {stop_step + 1}")
     first_new = resumed[0][1]
     before = [t for s, t in lines if t < t_usr1]
-    step_times = [b - a for a, b in zip(before, before[1:])]
+    step_times = [b - a for a, b in zip(before, before[1:], strict=False)]
     old_ranks = procs.select("rank", 0, t_usr1)
     new_ranks = procs.select("rank", job_start["time"])
     old_torchrun = procs.select("torchrun", 0, t_usr1)

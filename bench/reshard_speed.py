@@ -270,7 +270,7 @@ def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
         mgr.close()
         assert step == STEP, step
         optimizer.zero_grad(set_to_none=True)
-        for mine, ref in zip(target.parameters(), saved.parameters()):
+        for mine, ref in zip(target.parameters(), saved.parameters(), strict=True):
             assert torch.equal(mine, ref), f"{name}: resumed parameters differ from the saved ones"
         return seconds, split
 
@@ -305,7 +305,7 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
     cmd = Stats.of(a["times"]["command"])
     summaries = [worker_summary(run) for run in a["workers"]]
     inproc = Stats.of([s["in_process"] for s in summaries])
-    start_up = Stats.of([w - s["in_process"] for w, s in zip(a["times"]["workers"], summaries)])
+    start_up = Stats.of([w - s["in_process"] for w, s in zip(a["times"]["workers"], summaries, strict=True)])
     reference = f"DCP load + save, one process {ref.fmt(2, 's')}"
     ratio = cmd.median / ref.median
     target, met = common.at_most(ratio, TARGET)
@@ -342,10 +342,10 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
         + ". Each rank opens every source file (each tensor was saved as one chunk and each rank needs half of its rows), and "
         "ckpt_tool's hash check reads a file whole when DCP opens it: the 2 ranks read and hash the whole checkpoint each"
     )
-    cli = Stats.of([c - w for c, w in zip(a["times"]["command"], a["times"]["workers"])])
+    cli = Stats.of([c - w for c, w in zip(a["times"]["command"], a["times"]["workers"], strict=True)])
     result.notes.append(f"(a) the CLI around torchrun (interpreter, imports, plan = command - instrumented torchrun): {cli.fmt(2, 's')}")
-    paired = statistics.median(c / r for c, r in zip(a["times"]["command"], a["times"]["reference"]))
-    paired_in = statistics.median(s["in_process"] / r for s, r in zip(summaries, a["times"]["reference"]))
+    paired = statistics.median(c / r for c, r in zip(a["times"]["command"], a["times"]["reference"], strict=True))
+    paired_in = statistics.median(s["in_process"] / r for s, r in zip(summaries, a["times"]["reference"], strict=True))
     result.notes.append(f"(a) median of per-repetition ratios (robust to drift): command {paired:.3f}, in-process {paired_in:.3f}")
     result.notes.append(
         "(a) cache: warm for all (source files read by every run, no eviction); outputs deleted between runs, outside the timings; "
@@ -354,7 +354,7 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
     for name, where in (("world1", "from the 1-rank layout"), ("world2", "from the 2-rank layout")):
         total, split = common.median_run(b["times"][name], b["phases"][name])
         result.notes.append(f"(b) resume() {where}, the median run: {phase_text(split, total)}")
-    paired_b = statistics.median(t / o for t, o in zip(b["times"]["world2"], b["times"]["world1"]))
+    paired_b = statistics.median(t / o for t, o in zip(b["times"]["world2"], b["times"]["world1"], strict=True))
     result.notes.append(
         f"(b) median of per-repetition ratios {paired_b:.3f}; files: {b['bytes']['world1'] / GB:.3f} GB (1 rank) vs "
         f"{b['bytes']['world2'] / GB:.3f} GB (2 ranks); batch after resume (micro, accum, dp): {b['batch_after_resume']}; "

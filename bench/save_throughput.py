@@ -140,7 +140,7 @@ def report(data: dict[str, Any]) -> Result:
         label = f"io_threads={n}" if n != NO_GRADS else f"io_threads={DEFAULT_IO_THREADS}, grads None"
         result.notes.append(phase_note(label, *common.median_run(data["times"][n], data["breakdown"][n])))
     raw_t = data["times"]["raw"]
-    paired = {n: statistics.median(r / t for r, t in zip(raw_t, data["times"][n])) for n in IO_THREADS}
+    paired = {n: statistics.median(r / t for r, t in zip(raw_t, data["times"][n], strict=True)) for n in IO_THREADS}
     result.notes.append(
         "median of per-repetition ratios (save vs the raw write of the same repetition, robust to drift): "
         + ", ".join(f"io_threads={n}: {v:.3f}" for n, v in paired.items())

@@ -39,8 +39,9 @@ import gc
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import common
 from common import GB, MB, PhaseTimer, Result, Row, Stats

@@ -67,8 +67,9 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import common
 from common import Result, Row, Stats
@@ -153,7 +154,7 @@ def steps_per_s(lines: list[tuple[int, float]]) -> tuple[float, list[float]]:
     lines = lines[WARM_STEPS:]
     if len(lines) < 3:
         raise RuntimeError(f"too few metrics lines ({len(lines)}) to time steps")
-    intervals = [b[1] - a[1] for a, b in zip(lines, lines[1:])]
+    intervals = [b[1] - a[1] for a, b in zip(lines, lines[1:], strict=False)]
     return (len(lines) - 1) / (lines[-1][1] - lines[0][1]), intervals
 
 
@@ -237,10 +238,10 @@ def failure_trials(work: Path, kind: str, trials: int, rng: random.Random) -> di
                 raise RuntimeError(f"no progress before trial {i}: {job.log_tail()}")
             first = job.tail.lines[base][0]
             if kind == "crash":
-                line = job.tail.wait_line(base, lambda s: s >= first + PROGRESS_STEPS - 1, 120)
+                line = job.tail.wait_line(base, lambda s, first=first: s >= first + PROGRESS_STEPS - 1, 120)
                 delay = rng.uniform(0.0, 0.3)
             else:  # a step >= 2 steps away from the next checkpoint, far from the last one too
-                line = job.tail.wait_line(base, lambda s: s >= first + PROGRESS_STEPS - 1 and 2 <= s % save_every <= save_every - 3, 120)
+                line = job.tail.wait_line(base, lambda s, first=first: s >= first + PROGRESS_STEPS - 1 and 2 <= s % save_every <= save_every - 3, 120)
                 delay = rng.uniform(0.0, 0.03)
             if line is None:
                 raise RuntimeError(f"trial {i}: the run made no progress: {job.log_tail()}")
@@ -252,7 +253,7 @@ def failure_trials(work: Path, kind: str, trials: int, rng: random.Random) -> di
             attempt = len([e for e in job.events() if e["event"] == "restarted"])
             failed_at = time.time()
             victim.send_signal(sig)
-            resumed = job.wait_event(lambda e: e["event"] == "resumed" and e.get("attempt", 0) > attempt, timeout=150)
+            resumed = job.wait_event(lambda e, attempt=attempt: e["event"] == "resumed" and e.get("attempt", 0) > attempt, timeout=150)
             if resumed is None:
                 if kind == "hang":
                     try:

@@ -13,9 +13,9 @@ import os
 import pwd
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Callable
 
 
 def quietly(fn: Callable[[], object]) -> None:

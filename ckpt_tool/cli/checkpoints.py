@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -100,7 +100,7 @@ def _problems_json(r: ValidationResult) -> dict[str, Any]:
 
 def validate(
     directory: Path = DirArg,
-    step: Optional[int] = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Validate this step (default: the one LATEST names)."),
+    step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Validate this step (default: the one LATEST names)."),
     all_steps: bool = typer.Option(False, "--all", help="Validate every committed checkpoint (scrubbing)."),
     threads: int = typer.Option(4, min=1, help="Files hashed in parallel."),
     as_json: bool = JsonOpt,
@@ -109,9 +109,9 @@ def validate(
 
     Works on a directory you may only read; the result is recorded in its index when possible.
     """
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn  # noqa: PLC0415
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-    from ckpt_tool.training.validation import validate_checkpoint  # noqa: PLC0415 - torch import only when needed
+    from ckpt_tool.training.validation import validate_checkpoint
 
     if all_steps and step is not None:
         raise CkptError("--step and --all exclude each other", "give one of them", ExitCode.USAGE)
@@ -168,8 +168,8 @@ def validate(
 # --------------------------------------------------------------------------- verify
 def verify(
     directory: Path = DirArg,
-    step: Optional[int] = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Verify this step (default: the one LATEST names)."),
-    entry: Optional[str] = typer.Option(None, "--entry", help="module:function returning (model, loss_fn); default: the manifest's, then [tool.ckpt] entry_point."),
+    step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Verify this step (default: the one LATEST names)."),
+    entry: str | None = typer.Option(None, "--entry", help="module:function returning (model, loss_fn); default: the manifest's, then [tool.ckpt] entry_point."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks: >1 runs the check under torchrun (FSDP-sharded load). The saved world size gives a bit-exact check."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -178,7 +178,7 @@ def verify(
     step = resolve_step(store, step)
     entry = entry or store.read_manifest(step).entry_point or config.default("entry_point")
     if nproc == 1:
-        from ckpt_tool.ops.verify import verify_checkpoint  # noqa: PLC0415
+        from ckpt_tool.ops.verify import verify_checkpoint
 
         report = verify_checkpoint(store, step, entry).to_json()
     else:
@@ -236,15 +236,15 @@ def _verify_under_torchrun(directory: Path, step: int, entry: str | None, nproc:
 # --------------------------------------------------------------------------- rollback
 def rollback(
     directory: Path = DirArg,
-    to: Optional[int] = typer.Option(None, "--to", min=0, max=layout.MAX_STEP, help="Move LATEST to this step."),
+    to: int | None = typer.Option(None, "--to", min=0, max=layout.MAX_STEP, help="Move LATEST to this step."),
     auto: bool = typer.Option(False, "--auto", help="Walk back from LATEST, validating and verifying each, until one passes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing on disk."),
-    entry: Optional[str] = typer.Option(None, "--entry", help="Entry point for verification (default: the manifest's)."),
+    entry: str | None = typer.Option(None, "--entry", help="Entry point for verification (default: the manifest's)."),
     reason: str = typer.Option("manual rollback", help="Recorded in the index with the event."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Move LATEST back to a good checkpoint; newer ones are moved into quarantine/ (never deleted)."""
-    from ckpt_tool.ops.rollback import rollback as do_rollback  # noqa: PLC0415
+    from ckpt_tool.ops.rollback import rollback as do_rollback
 
     if to is not None and auto:
         raise CkptError("--to and --auto exclude each other", "give one of them", ExitCode.USAGE)
@@ -276,7 +276,7 @@ def rollback(
 def prune(
     directory: Path = DirArg,
     keep_last: int = typer.Option(..., min=1, help="Keep the newest K checkpoints not known to be damaged (required: deleting has no default)."),
-    keep_every: Optional[int] = typer.Option(None, min=1, help="Also keep every step divisible by M."),
+    keep_every: int | None = typer.Option(None, min=1, help="Also keep every step divisible by M."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted; delete nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -286,7 +286,7 @@ def prune(
     one that fails is recorded invalid and no longer counts, so a directory is never left
     without a checkpoint that passes validation.
     """
-    from ckpt_tool.training.validation import validate_checkpoint  # noqa: PLC0415
+    from ckpt_tool.training.validation import validate_checkpoint
 
     store = open_checkpoints(directory)
     notes: list[str] = []
@@ -328,15 +328,15 @@ def _check_out_dir(source: Path, out_dir: Path) -> None:
 def reshard(
     directory: Path = DirArg,
     world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of data-parallel ranks."),
-    step: Optional[int] = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Default: the step LATEST names."),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."),
+    step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Default: the step LATEST names."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."),
     in_place: bool = typer.Option(False, "--in-place", help="Record the plan in the checkpoint's manifest lineage (used at resume)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Also write a copy laid out for the new world size into this new directory."),
+    out_dir: Path | None = typer.Option(None, "--out", help="Also write a copy laid out for the new world size into this new directory."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Check that a checkpoint loads at a new world size and plan the batch split that keeps the global batch."""
-    from ckpt_tool.ops.reshard import check_reshard, record_plan  # noqa: PLC0415
+    from ckpt_tool.ops.reshard import check_reshard, record_plan
 
     if in_place and out_dir is not None:
         raise CkptError("--in-place and --out exclude each other", "give one of them", ExitCode.USAGE)

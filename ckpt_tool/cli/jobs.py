@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 
@@ -58,16 +58,16 @@ def _human_event(record: dict[str, Any]) -> str:
 
 
 def run(
-    command: List[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
+    command: list[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Ranks on this node."),
     nnodes: str = typer.Option("1", "--nnodes", help="Nodes, or MIN:MAX (torchrun syntax)."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node)."),
-    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="Rendezvous id (the SLURM job id under `ckpt submit`)."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node)."),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Rendezvous id (the SLURM job id under `ckpt submit`)."),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts in the same allocation after a crash or hang."),
     crash_loop: int = typer.Option(3, "--crash-loop", min=1, help="Stop after this many failures in a row without a new checkpoint."),
-    ckpt_dir: Optional[Path] = typer.Option(None, "--ckpt-dir", help="The checkpoint directory: exported to the ranks as CKPT_DIR; events go to CKPT_DIR/run."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Event log and calibrated timeouts (default: CKPT_DIR/run)."),
-    timeout: List[str] = typer.Option([], "--timeout", help="Override a phase timeout: PHASE=SECONDS (repeatable)."),
+    ckpt_dir: Path | None = typer.Option(None, "--ckpt-dir", help="The checkpoint directory: exported to the ranks as CKPT_DIR; events go to CKPT_DIR/run."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Event log and calibrated timeouts (default: CKPT_DIR/run)."),
+    timeout: list[str] = typer.Option([], "--timeout", help="Override a phase timeout: PHASE=SECONDS (repeatable)."),
     grace: float = typer.Option(5.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL when tearing ranks down."),
     stop_deadline: float = typer.Option(300.0, "--stop-deadline", min=1, help="Seconds to wait for the checkpoint after SIGUSR1/SIGTERM."),
     as_json: bool = typer.Option(False, "--json", help="Print each event as a JSON line on stdout."),
@@ -78,10 +78,10 @@ def run(
     restart cannot fix (its message is in the events); 75 stopped after a checkpoint on
     SIGUSR1/SIGTERM (requeue me); 76 crash loop (no progress, not restarted again).
     """
-    from rich.live import Live  # noqa: PLC0415
+    from rich.live import Live
 
-    from ckpt_tool.slurm.submit import check_ckpt_dir_agrees  # noqa: PLC0415
-    from ckpt_tool.supervise.watchdog import RunConfig, Watchdog  # noqa: PLC0415
+    from ckpt_tool.slurm.submit import check_ckpt_dir_agrees
+    from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
 
     timeouts = TimeoutPolicy(overrides=_parse_timeouts(timeout))
     if ckpt_dir is not None:
@@ -127,32 +127,32 @@ def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def submit(
-    command: List[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
+    command: list[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
     ckpt_dir: Path = typer.Option(..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem; exported to the training as CKPT_DIR."),
     nodes: int = typer.Option(1, "--nodes", min=1),
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0, help="GPUs per node (also the ranks per node unless --nproc-per-node)."),
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (CPU runs)."),
-    cpus_per_task: Optional[int] = typer.Option(None, "--cpus-per-task", min=1, help="CPUs for each node's task, which runs all its ranks (default: one per rank)."),
-    mem: Optional[str] = typer.Option(None, "--mem", help="Memory per node, SLURM syntax (e.g. 200G)."),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="SLURM time limit, e.g. 24:00:00."),
-    partition: Optional[str] = typer.Option(None, "--partition"),
-    account: Optional[str] = typer.Option(None, "--account"),
-    qos: Optional[str] = typer.Option(None, "--qos"),
-    constraint: Optional[str] = typer.Option(None, "--constraint", help="Node features, SLURM syntax (e.g. 'a100&ib')."),
+    nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (CPU runs)."),
+    cpus_per_task: int | None = typer.Option(None, "--cpus-per-task", min=1, help="CPUs for each node's task, which runs all its ranks (default: one per rank)."),
+    mem: str | None = typer.Option(None, "--mem", help="Memory per node, SLURM syntax (e.g. 200G)."),
+    time_limit: str | None = typer.Option(None, "--time", help="SLURM time limit, e.g. 24:00:00."),
+    partition: str | None = typer.Option(None, "--partition"),
+    account: str | None = typer.Option(None, "--account"),
+    qos: str | None = typer.Option(None, "--qos"),
+    constraint: str | None = typer.Option(None, "--constraint", help="Node features, SLURM syntax (e.g. 'a100&ib')."),
     job_name: str = typer.Option("ckpt-train", "--job-name"),
-    signal_lead: Optional[int] = typer.Option(None, "--signal-lead", min=30, help="Seconds before the limit to checkpoint (default: from the last measured checkpoint time)."),
+    signal_lead: int | None = typer.Option(None, "--signal-lead", min=30, help="Seconds before the limit to checkpoint (default: from the last measured checkpoint time)."),
     max_requeues: int = typer.Option(10, "--max-requeues", min=0),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts inside one allocation (ckpt run)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Event log, scripts and job output (default: CKPT_DIR/run)."),
-    sbatch_line: List[str] = typer.Option([], "--sbatch", help="Extra #SBATCH directive, e.g. --sbatch '--exclusive' (repeatable)."),
-    env: List[str] = typer.Option([], "--env", help="NAME=VALUE exported in the job (repeatable)."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Event log, scripts and job output (default: CKPT_DIR/run)."),
+    sbatch_line: list[str] = typer.Option([], "--sbatch", help="Extra #SBATCH directive, e.g. --sbatch '--exclusive' (repeatable)."),
+    env: list[str] = typer.Option([], "--env", help="NAME=VALUE exported in the job (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script; submit nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Submit a training job that survives time limits, preemptions and crashes by itself."""
-    from ckpt_tool.slurm import submit as chain  # noqa: PLC0415
-    from ckpt_tool.slurm.commands import sbatch  # noqa: PLC0415
-    from ckpt_tool.supervise.events import note  # noqa: PLC0415
+    from ckpt_tool.slurm import submit as chain
+    from ckpt_tool.slurm.commands import sbatch
+    from ckpt_tool.supervise.events import note
 
     spec, script = chain.prepare(
         command,
@@ -191,12 +191,12 @@ def submit(
 
 def recover(
     ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory.", show_default=False),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the decision is written (recover.json, events.jsonl)."),
-    world_size: Optional[int] = typer.Option(None, "--world-size", min=1, help="Ranks of this allocation."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Where the decision is written (recover.json, events.jsonl)."),
+    world_size: int | None = typer.Option(None, "--world-size", min=1, help="Ranks of this allocation."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Once per (re)start, before training: validate the newest checkpoint, roll back if damaged, check the world size."""
-    from ckpt_tool.ops.recover import recover as do_recover  # noqa: PLC0415
+    from ckpt_tool.ops.recover import recover as do_recover
 
     decision = do_recover(ckpt_dir, world_size, run_dir)
     if as_json:
@@ -221,10 +221,10 @@ def recover(
 def note_cmd(
     run_dir: Path = typer.Argument(..., show_default=False),
     event: str = typer.Argument(..., show_default=False),
-    data: List[str] = typer.Argument(None, help="KEY=VALUE pairs."),
+    data: list[str] = typer.Argument(None, help="KEY=VALUE pairs."),
 ) -> None:
     """Append an event to RUN_DIR/events.jsonl (used by the sbatch script)."""
-    from ckpt_tool.supervise.events import note  # noqa: PLC0415
+    from ckpt_tool.supervise.events import note
 
     fields = dict(item.partition("=")[::2] for item in data or [])
     note(run_dir, event, **fields)
@@ -232,7 +232,7 @@ def note_cmd(
 
 def free_port() -> None:
     """Print a TCP port that is free on this host now (the sbatch script's rendezvous port)."""
-    import socket  # noqa: PLC0415
+    import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
@@ -253,7 +253,7 @@ def _locate(target: Path) -> tuple[Path, Path | None]:
 
 
 def _skipped_note(run_dir: Path, skipped: tuple[int, ...]) -> str | None:
-    from ckpt_tool.core.index import EventLog  # noqa: PLC0415
+    from ckpt_tool.core.index import EventLog
 
     return EventLog((), skipped).skipped_note(str(run_dir / "events.jsonl"))
 
@@ -263,9 +263,9 @@ def status(
     as_json: bool = JsonOpt,
 ) -> None:
     """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
-    from ckpt_tool.slurm.commands import job_state  # noqa: PLC0415
-    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
-    from ckpt_tool.supervise.events import load_events  # noqa: PLC0415
+    from ckpt_tool.slurm.commands import job_state
+    from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.supervise.events import load_events
 
     report: dict[str, Any] = {}
     events: list[dict[str, Any]] = []
@@ -325,8 +325,8 @@ def history(
     as_json: bool = JsonOpt,
 ) -> None:
     """The run's timeline: saves, failures, restarts, requeues and rollbacks."""
-    from ckpt_tool.store.store import CheckpointStore  # noqa: PLC0415
-    from ckpt_tool.supervise.events import load_events  # noqa: PLC0415
+    from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.supervise.events import load_events
 
     run_dir, ckpt_dir = _locate(target)
     records, skipped = load_events(run_dir)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -92,7 +93,7 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], title:
     """A Rich table on a terminal; tab-separated lines with a header elsewhere (no title)."""
     if not is_terminal():
         lines = ["\t".join(c.header for c in columns)]
-        lines += ["\t".join(c.full(v).replace("\t", " ").replace("\n", " ") for c, v in zip(columns, row)) for row in rows]
+        lines += ["\t".join(c.full(v).replace("\t", " ").replace("\n", " ") for c, v in zip(columns, row, strict=True)) for row in rows]
         sys.stdout.write("\n".join(lines) + "\n")
         return
     shown = [i for i, c in enumerate(columns) if c.on_terminal]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -22,7 +21,7 @@ def _positive(option: str, value: float | None, allow_zero: bool = False) -> Non
 
 def _step_seconds(run_dir: Path) -> float:
     """Median step duration `ckpt run` observed in this run directory."""
-    from ckpt_tool.supervise.watchdog import DURATIONS_NAME, read_durations  # noqa: PLC0415
+    from ckpt_tool.supervise.watchdog import DURATIONS_NAME, read_durations
 
     if not run_dir.is_dir():
         raise CkptError(f"--run-dir {run_dir} is not a directory", "pass the run directory of `ckpt run` (CKPT_DIR/run), or --step-seconds", ExitCode.NOT_FOUND)
@@ -35,12 +34,12 @@ def _step_seconds(run_dir: Path) -> float:
 
 def plan(
     ckpt_seconds: float = typer.Option(..., "--ckpt-seconds", help="Seconds one checkpoint costs the training (blocked time)."),
-    mtbf_hours: Optional[float] = typer.Option(None, "--mtbf-hours", help="Mean time between failures of the whole job."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="GPUs in the job (with --gpu-mtbf-hours)."),
-    gpu_mtbf_hours: Optional[float] = typer.Option(None, "--gpu-mtbf-hours", help="MTBF of one GPU (with its host share)."),
+    mtbf_hours: float | None = typer.Option(None, "--mtbf-hours", help="Mean time between failures of the whole job."),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs in the job (with --gpu-mtbf-hours)."),
+    gpu_mtbf_hours: float | None = typer.Option(None, "--gpu-mtbf-hours", help="MTBF of one GPU (with its host share)."),
     restart_seconds: float = typer.Option(0.0, "--restart-seconds", help="Seconds from a failure to training again (detection, restart, load)."),
-    step_seconds: Optional[float] = typer.Option(None, "--step-seconds", help="Seconds per training step (default: measured in --run-dir)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="A `ckpt run` directory: its measured step time converts the interval into steps."),
+    step_seconds: float | None = typer.Option(None, "--step-seconds", help="Seconds per training step (default: measured in --run-dir)."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="A `ckpt run` directory: its measured step time converts the interval into steps."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Recommend a checkpoint interval (Young/Daly) and show goodput and waste per day around it."""

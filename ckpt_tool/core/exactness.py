@@ -8,7 +8,8 @@ still correct but no longer bit-identical, and the user is told which and why.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 TRAJECTORY_KEYS: dict[str, str] = {
     "world_size": "a different world size changes the reduction order",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ckpt_tool.core.layout import MANIFEST_NAME
 from ckpt_tool.core.manifest import FileEntry

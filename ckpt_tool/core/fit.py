@@ -8,7 +8,7 @@ Shapes are global (DCP's view), ``None`` for a non-tensor entry.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 Shape = Sequence[int] | None
 

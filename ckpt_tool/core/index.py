@@ -12,8 +12,9 @@ Index events: ``commit`` (step, bytes), ``validated`` / ``verified`` (step, ok, 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ so the step-parsing rule exists exactly once.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable
 
 LATEST_NAME = "LATEST"
 INDEX_NAME = "index.jsonl"
@@ -36,9 +36,9 @@ DCP_METADATA_NAME = ".metadata"
 STEP_DIGITS = 8
 MAX_STEP = 10**STEP_DIGITS - 1
 
-_STEP_RE = re.compile(r"^step_(\d{%d})$" % STEP_DIGITS)
-_PARTIAL_RE = re.compile(r"^\.step_(\d{%d})\.partial$" % STEP_DIGITS)
-_DELETING_RE = re.compile(r"^\.step_(\d{%d})\.deleting$" % STEP_DIGITS)
+_STEP_RE = re.compile(rf"^step_(\d{{{STEP_DIGITS}}})$")
+_PARTIAL_RE = re.compile(rf"^\.step_(\d{{{STEP_DIGITS}}})\.partial$")
+_DELETING_RE = re.compile(rf"^\.step_(\d{{{STEP_DIGITS}}})\.deleting$")
 _RANK_STATE_RE = re.compile(r"^rank_(\d{5})\.state\.json$")
 _DCP_SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 

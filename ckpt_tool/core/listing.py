@@ -11,8 +11,9 @@ index describes (``summaries`` fills in the others).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import CheckState, IndexEvent, check_states

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.layout import DCP_METADATA_NAME, MANIFEST_NAME
@@ -87,7 +88,7 @@ class Manifest:
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @staticmethod
-    def from_json(text: str | bytes, where: str = "manifest") -> "Manifest":
+    def from_json(text: str | bytes, where: str = "manifest") -> Manifest:
         try:
             data = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -148,7 +149,7 @@ def _parse(data: object) -> Manifest:
         raise ValueError(f"unknown hash algorithm {data.get('hash_algo')!r} (expected {HASH_ALGO!r})")
     raw_files = data["files"]
     if not isinstance(raw_files, list) or len(raw_files) > MAX_FILES:
-        raise ValueError("field 'files' must be a list of at most %d entries" % MAX_FILES)
+        raise ValueError(f"field 'files' must be a list of at most {MAX_FILES} entries")
     world_size = _int(data["world_size"], "world_size", 1, 1 << 24)
     files = []
     seen: set[str] = set()

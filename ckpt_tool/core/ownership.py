@@ -24,7 +24,7 @@ class Owner:
         return asdict(self)
 
     @staticmethod
-    def from_json(data: Any) -> "Owner | None":
+    def from_json(data: Any) -> Owner | None:
         try:
             return Owner(
                 None if data.get("job_id") is None else str(data["job_id"]),

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from string import Template
-from typing import Sequence
 
 from ckpt_tool.errors import CkptError, ExitCode
 

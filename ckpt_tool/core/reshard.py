@@ -15,8 +15,9 @@ of one step tile ``[p, p + G)`` exactly, whatever the world size: no sample skip
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.errors import CkptError, ExitCode

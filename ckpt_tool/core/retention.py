@@ -14,8 +14,8 @@ is known to pass validation (the one just committed, or one validated right befo
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Collection, Iterable
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ a frozen training step is caught in seconds. Calibrated values are persisted in 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 PHASES = ("init", "step", "data", "checkpoint", "eval")
 
@@ -80,7 +80,7 @@ class DurationLog:
         return {k: list(v) for k, v in self.durations.items()}
 
     @staticmethod
-    def from_json(data: object, keep: int = 200) -> "DurationLog":
+    def from_json(data: object, keep: int = 200) -> DurationLog:
         log = DurationLog(keep)
         if isinstance(data, dict):
             for phase, samples in data.items():

@@ -8,8 +8,9 @@ command that started it reports the same error with the same code (never a scrap
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 

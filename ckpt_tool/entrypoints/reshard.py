@@ -47,7 +47,7 @@ def _targets(metadata: Any, mesh: Any) -> dict[str, Any]:
     for key, md in metadata.state_dict_metadata.items():
         path = (metadata.planner_data or {}).get(key, (key,))
         if isinstance(md, TensorStorageMetadata):
-            sharded = len(md.size) >= 1 and (key.startswith("model.") or key.startswith("optim.state."))
+            sharded = len(md.size) >= 1 and (key.startswith(("model.", "optim.state.")))
             dtype = md.properties.dtype
             value = dtensor_empty(tuple(md.size), dtype=dtype, device_mesh=mesh, placements=[Shard(0)]) if sharded else torch.empty(tuple(md.size), dtype=dtype)
         else:

@@ -58,7 +58,7 @@ def check_step(store: CheckpointStore, step: int, verify: bool, entry: str | Non
         return Attempt(step, False, None, tuple(str(p) for p in result.problems))
     if not verify or result.manifest is None or result.manifest.probe is None or not (entry or result.manifest.entry_point):
         return Attempt(step, True, None)
-    from ckpt_tool.ops.verify import verify_checkpoint  # noqa: PLC0415 - builds a model: only when asked
+    from ckpt_tool.ops.verify import verify_checkpoint
 
     report = verify_checkpoint(store, step, entry)
     failed = [f"verify {c.name}: recorded {c.recorded!r}, measured {c.measured!r} ({c.how})" for c in report.checks if not c.ok]

@@ -10,7 +10,8 @@ script that wrote the checkpoint, so checkpoints of the reference recipe need no
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

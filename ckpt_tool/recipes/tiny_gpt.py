@@ -180,7 +180,7 @@ def build_model(c: GPTConfig, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     model = TinyGPT(c)
     if dist.is_initialized():
-        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+        from torch.distributed.fsdp import fully_shard
 
         for block in model.blocks:
             fully_shard(block)

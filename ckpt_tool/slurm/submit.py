@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import datetime
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import submitit
 

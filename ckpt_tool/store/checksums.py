@@ -9,10 +9,10 @@ whatever the checkpoint's size. xxhash releases the GIL, so several files hash i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import xxhash
 

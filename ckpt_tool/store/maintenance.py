@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import known_invalid

@@ -14,10 +14,10 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import DiskEntry, Problem, hash_problems, structure_problems

@@ -7,7 +7,8 @@ crashes gloo ("collective mismatch"). Without torch.distributed everything degra
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

@@ -9,7 +9,7 @@ retention. Every rank learns the outcome.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import xxhash
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Generator, Mapping
 
 import xxhash
 from torch.distributed.checkpoint.filesystem import FileSystem

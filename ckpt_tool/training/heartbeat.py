@@ -18,9 +18,9 @@ import atexit
 import os
 import socket
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from ckpt_tool.supervise import channel
 

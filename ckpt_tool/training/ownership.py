@@ -45,7 +45,7 @@ class DirectoryClaim:
         def claim() -> None:
             self._since = time.time()
             reason = self.store.claim(self.owner(), self.stale_after_s, self.take_over)
-            if reason.startswith("stale") or reason.startswith("take-over"):
+            if reason.startswith(("stale", "take-over")):
                 log.warning("ckpt: taking over %s (%s)", self.store.root, reason)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._keep_alive, name="ckpt-owner", daemon=True)

@@ -11,8 +11,9 @@ the loss and the gradient (averaged over ranks) equal those of one process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,7 +60,7 @@ def measure(model: nn.Module, spec: ProbeSpec, lr: float, step: int) -> Probe:
         grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
         return Probe(loss=_scalar(loss), grad_norm=_scalar(grad_norm), lr=float(lr), step=step)
     finally:
-        for p, g in zip(params, saved_grads):
+        for p, g in zip(params, saved_grads, strict=True):
             p.grad = g
         model.train(was_training)
 

@@ -11,8 +11,9 @@ nothing. Collective: every rank runs the same steps.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

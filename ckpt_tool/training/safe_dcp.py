@@ -71,7 +71,7 @@ def load_metadata_safely(stream: io.BufferedIOBase) -> Metadata:
         metadata = RestrictedUnpickler(stream).load()
     except CkptError:
         raise
-    except Exception as exc:  # damaged bytes raise any of pickle's many error types
+    except Exception as exc:  # noqa: BLE001 - damaged bytes raise any of pickle's many error types
         raise CkptError(f"the DCP .metadata is unreadable ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`") from None
     if not isinstance(metadata, Metadata):
         raise CkptError(f"the DCP .metadata holds a {type(metadata).__name__}, not DCP Metadata", "run `ckpt validate` and `ckpt rollback`")

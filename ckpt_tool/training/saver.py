@@ -14,8 +14,9 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -133,7 +134,7 @@ class Saver:
 
     def _get_stager(self) -> Any:
         if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: PLC0415 (async only)
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
             accel = torch.cuda.is_available()
             # One staging buffer, cached and reused across saves; pinned + non-blocking on GPUs.

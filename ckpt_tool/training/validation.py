@@ -6,7 +6,7 @@ checkpoint the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import Problem

@@ -23,7 +23,7 @@ from ctypes.util import find_library
 if not os.environ.get("FUSE_LIBRARY_PATH") and not os.environ.get("FUSE_LIBRARY_NAME") and find_library("fuse3"):
     os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
 
-import mfusepy as fuse  # noqa: E402
+import mfusepy as fuse
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STAT_KEYS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_blksize")

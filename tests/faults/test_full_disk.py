@@ -56,7 +56,7 @@ def test_full_disk_gives_a_clear_error_and_loses_nothing(small_fs, async_save):
     assert "step 1" in err.value.hint and "intact" in err.value.hint
     assert store.read_latest() == 1 and store.check_files(1).ok  # the previous checkpoint is intact
     assert not store.partial_path(2).exists()  # partial files removed
-    assert all(torch.equal(a, b) for a, b in zip(params, t.model.parameters()))  # training state untouched
+    assert all(torch.equal(a, b) for a, b in zip(params, t.model.parameters(), strict=True))  # training state untouched
     filler.unlink()
     t.step()
     t.manager.save(3)  # space is back: saving works again

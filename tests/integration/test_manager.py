@@ -67,7 +67,7 @@ def test_gradients_present_at_resume_do_not_make_it_skip_the_optimizer_state(tmp
     loss_fn(b.model, {"x": torch.ones(2, 16), "y": torch.zeros(2, 4)}).backward()
     assert b.manager.resume() == 4
     assert len(b.optimizer.state) == len(a.optimizer.state)
-    for p_b, p_a in zip(b.model.parameters(), a.model.parameters()):
+    for p_b, p_a in zip(b.model.parameters(), a.model.parameters(), strict=True):
         assert torch.equal(b.optimizer.state[p_b]["exp_avg"], a.optimizer.state[p_a]["exp_avg"])
     assert run_steps(b, 5, 8) == reference[4:]
     b.manager.close()
@@ -117,7 +117,7 @@ def test_probe_does_not_disturb_training(tmp_path):
     rng_before = torch.get_rng_state()
     t.manager.save(1)
     assert torch.equal(torch.get_rng_state(), rng_before)
-    assert all(torch.equal(g, p.grad) for g, p in zip(grads, t.model.parameters()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, t.model.parameters(), strict=True))
     assert t.model.training
     t.manager.close()
 

@@ -130,8 +130,8 @@ def test_offline_reshard_out_is_bit_identical_and_resumable(four_rank_checkpoint
     assert {f.rank for f in m.files} == {0, 1, 2}  # laid out for 3 ranks: each reads its own files
     src, dst = full_state(four_rank_checkpoint / "step_00000020"), full_state(out / "step_00000020")
     for part in ("model", "optim"):
-        flat_src = {k: v for k, v in _flatten(src[part])}
-        flat_dst = {k: v for k, v in _flatten(dst[part])}
+        flat_src = dict(_flatten(src[part]))
+        flat_dst = dict(_flatten(dst[part]))
         assert flat_src.keys() == flat_dst.keys()
         for k, v in flat_src.items():
             assert torch.equal(v, flat_dst[k]) if isinstance(v, torch.Tensor) else v == flat_dst[k], k

@@ -3,7 +3,8 @@ a fake whose other rank answers as scripted (the collaborators are passed in, no
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -172,7 +172,7 @@ def test_a_configuration_error_is_fatal_at_once_with_the_ranks_message(supervise
 
 def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervised):
     s = supervised(steps=6, save_every=3, name="by-ckpt-dir")
-    s.argv = [a for a in s.argv]
+    s.argv = list(s.argv)
     i = s.argv.index("--run-dir")
     s.argv[i : i + 2] = ["--ckpt-dir", str(s.ckpt), "--json"]
     s.run_dir = s.ckpt / "run"

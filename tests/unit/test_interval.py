@@ -34,7 +34,7 @@ def test_goodput_falls_with_failures():
     assert goodput(3600, 60, 86400) > goodput(3600, 60, 3600)
 
 
-@pytest.mark.parametrize("kw", [dict(checkpoint_s=0, mtbf_s=10), dict(checkpoint_s=1, mtbf_s=-1), dict(checkpoint_s=1, mtbf_s=float("inf")), dict(checkpoint_s=1, mtbf_s=10, restart_s=-1)])
+@pytest.mark.parametrize("kw", [{"checkpoint_s": 0, "mtbf_s": 10}, {"checkpoint_s": 1, "mtbf_s": -1}, {"checkpoint_s": 1, "mtbf_s": float("inf")}, {"checkpoint_s": 1, "mtbf_s": 10, "restart_s": -1}])
 def test_bad_inputs_are_refused(kw):
     with pytest.raises(CkptError):
         plan_interval(**kw)

@@ -8,18 +8,18 @@ from ckpt_tool.errors import CkptError, ExitCode
 
 
 def make_manifest(**kw) -> Manifest:
-    base = dict(
-        run_id="abc",
-        step=40,
-        created_at=1.5,
-        world_size=2,
-        files=(FileEntry(".metadata", 10, "00" * 16, 0), FileEntry("__1_0.distcp", 2**40, "ff" * 16, 1)),
-        batch=BatchConfig(4, 3, 2),
-        parallelism={"dp_shard": 2},
-        env={"torch": "2.13.0", "threads": 1},
-        probe=Probe(3.25, 0.5, 1e-3, 40),
-        entry_point="pkg.mod:build",
-    )
+    base = {
+        "run_id": "abc",
+        "step": 40,
+        "created_at": 1.5,
+        "world_size": 2,
+        "files": (FileEntry(".metadata", 10, "00" * 16, 0), FileEntry("__1_0.distcp", 2**40, "ff" * 16, 1)),
+        "batch": BatchConfig(4, 3, 2),
+        "parallelism": {"dp_shard": 2},
+        "env": {"torch": "2.13.0", "threads": 1},
+        "probe": Probe(3.25, 0.5, 1e-3, 40),
+        "entry_point": "pkg.mod:build",
+    }
     base.update(kw)
     return Manifest(**base)
 

@@ -11,6 +11,10 @@ def test_every_public_name_resolves(name):
     assert getattr(ckpt_tool, name).__name__ == name
 
 
+def test_all_lists_every_export():
+    assert set(ckpt_tool.__all__) == {"__version__", *ckpt_tool._EXPORTS}
+
+
 def test_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError):
         ckpt_tool.nothing_here  # noqa: B018

@@ -16,14 +16,14 @@ TEMPLATE = (files("ckpt_tool.slurm_templates") / "train.sbatch.tmpl").read_text(
 
 
 def spec(**kw) -> JobSpec:
-    base = dict(
-        command=("-m", "ckpt_tool.recipes.tiny_gpt", "--steps", "40"),
-        ckpt_dir="/shared/ckpts/run42",
-        run_dir="/shared/ckpts/run42/run",
-        ckpt=("/venv/bin/python", "-m", "ckpt_tool.cli.main"),
-        version="0.1.0",
-        created="DRY-RUN",
-    )
+    base = {
+        "command": ("-m", "ckpt_tool.recipes.tiny_gpt", "--steps", "40"),
+        "ckpt_dir": "/shared/ckpts/run42",
+        "run_dir": "/shared/ckpts/run42/run",
+        "ckpt": ("/venv/bin/python", "-m", "ckpt_tool.cli.main"),
+        "version": "0.1.0",
+        "created": "DRY-RUN",
+    }
     base.update(kw)
     return JobSpec(**base)
 
@@ -32,8 +32,8 @@ def spec(**kw) -> JobSpec:
     "name, kw",
     [
         ("basic", {}),
-        ("full", dict(nodes=4, gpus_per_node=8, cpus_per_task=64, mem="400G", time="2-00:00:00", partition="gpu", account="ml", qos="high", constraint="h100&ib",
-                      job_name="llm-7b", signal_lead_s=420, max_requeues=3, max_restarts=2, extra_sbatch=("--exclusive",), env=(("NCCL_DEBUG", "WARN"),))),
+        ("full", {"nodes": 4, "gpus_per_node": 8, "cpus_per_task": 64, "mem": "400G", "time": "2-00:00:00", "partition": "gpu", "account": "ml", "qos": "high", "constraint": "h100&ib",
+                      "job_name": "llm-7b", "signal_lead_s": 420, "max_requeues": 3, "max_restarts": 2, "extra_sbatch": ("--exclusive",), "env": (("NCCL_DEBUG", "WARN"),)}),
     ],
 )
 def test_rendered_script_matches_golden_file(name, kw):
@@ -101,12 +101,12 @@ def test_hostile_slurm_directive_values_are_refused(field, hostile):
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(command=()), "no training command"),
-        (dict(time="tomorrow"), "not a SLURM time"),
-        (dict(nodes=0), "--nodes must be >= 1"),
-        (dict(max_requeues=-1), ">= 0"),
-        (dict(env=(("BAD-NAME", "x"),)), "not a valid variable name"),
-        (dict(extra_sbatch=("--exclusive\n#SBATCH --uid=0",)), "newline"),
+        ({"command": ()}, "no training command"),
+        ({"time": "tomorrow"}, "not a SLURM time"),
+        ({"nodes": 0}, "--nodes must be >= 1"),
+        ({"max_requeues": -1}, ">= 0"),
+        ({"env": (("BAD-NAME", "x"),)}, "not a valid variable name"),
+        ({"extra_sbatch": ("--exclusive\n#SBATCH --uid=0",)}, "newline"),
     ],
 )
 def test_bad_requests_are_refused(kw, message):
