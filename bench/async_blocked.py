@@ -154,21 +154,37 @@ def report(rec: LoopRecord, sync: list[float], nbytes: int, every: int) -> Resul
     target, met = common.at_most(ratio, TARGET)
     reference = f"sync save() {sync_stats.fmt(3, 's')}"
     result.rows.append(Row(f"blocked per async save (saves 2-{len(saves)})", steady.fmt(3, "s"), reference, round(ratio, 4), target, met))
-    result.rows.append(Row("blocked, first async save (allocates the staging buffer; info)", f"{blocked[first]:.3f} s", reference, round(blocked[first] / sync_stats.median, 4)))
+    result.rows.append(
+        Row(
+            "blocked, first async save (allocates the staging buffer; info)",
+            f"{blocked[first]:.3f} s",
+            reference,
+            round(blocked[first] / sync_stats.median, 4),
+        )
+    )
     later = saves[1:]
     result.notes += [
         f"blocked = time in save() + staging wait in the next optimizer.step()'s pre-hook; a save every {every} steps of {STEP_COMPUTE_S} s compute",
-        "per save after the first: in save() " + ", ".join(f"{rec.save_call[s]:.3f}" for s in later)
-        + " s (of which waiting for the previous save: " + ", ".join(f"{rec.wait_previous.get(s, 0):.3f}" for s in later) + " s); "
-        + "pre-hook staging wait " + ", ".join(f"{rec.hook_wait.get(s, 0):.3f}" for s in later) + " s",
+        "per save after the first: in save() "
+        + ", ".join(f"{rec.save_call[s]:.3f}" for s in later)
+        + " s (of which waiting for the previous save: "
+        + ", ".join(f"{rec.wait_previous.get(s, 0):.3f}" for s in later)
+        + " s); "
+        + "pre-hook staging wait "
+        + ", ".join(f"{rec.hook_wait.get(s, 0):.3f}" for s in later)
+        + " s",
         "cross-check, extra duration of the optimizer.step() after a save vs the median step without one "
-        + f"({base_step * 1000:.1f} ms): " + ", ".join(f"{excess[s]:.3f}" for s in later if s in excess)
+        + f"({base_step * 1000:.1f} ms): "
+        + ", ".join(f"{excess[s]:.3f}" for s in later if s in excess)
         + " s (this includes the slowdown of the SGD update by the background writer, not only waiting)",
         "time from save() to commit (background write + hash + commit): "
-        + ", ".join(f"{rec.save_window[s][1] - rec.save_window[s][0]:.2f}" for s in saves) + f" s; sync save {sync_stats.median:.2f} s",
+        + ", ".join(f"{rec.save_window[s][1] - rec.save_window[s][0]:.2f}" for s in saves)
+        + f" s; sync save {sync_stats.median:.2f} s",
     ]
     busy, idle, lost = overlap_slowdown(rec)
-    result.rows.append(Row("compute slowed down by the background save, per save (info)", f"{lost:.3f} s", reference, round(lost / sync_stats.median, 4)))
+    result.rows.append(
+        Row("compute slowed down by the background save, per save (info)", f"{lost:.3f} s", reference, round(lost / sync_stats.median, 4))
+    )
     result.notes.append(
         f"compute rate during a background save: {busy:.0f} matmuls/s (median) vs {idle:.0f} without: "
         "the staging, writer and hashing threads share the 2 cores with training; not counted as blocked"

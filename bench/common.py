@@ -35,7 +35,9 @@ READ_CHUNK = 8 << 20  # the chunk size ckpt_tool's hashing reads with
 # ----------------------------------------------------------------------------- arguments
 def base_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help=f"scratch directory, deleted at the end (default {DEFAULT_WORK_DIR})")
+    parser.add_argument(
+        "--work-dir", type=Path, default=DEFAULT_WORK_DIR, help=f"scratch directory, deleted at the end (default {DEFAULT_WORK_DIR})"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke test, not a measurement)")
     return parser
 
@@ -306,7 +308,9 @@ class PhaseTimer:
         return totals
 
 
-def rotated_repetitions(run: Callable[[str], tuple[float, dict[str, float] | None]], variants: Sequence[str], reps: int, nbytes: int) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]]]:
+def rotated_repetitions(
+    run: Callable[[str], tuple[float, dict[str, float] | None]], variants: Sequence[str], reps: int, nbytes: int
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]]]:
     """Every variant ``reps`` times, the order rotated each repetition so that page cache, CPU
     frequency and load drift fall evenly on all of them. ``run(variant)`` returns the seconds
     and, where it measured one, the phase split. Logs GB/s of ``nbytes`` per repetition."""

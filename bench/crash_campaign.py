@@ -68,16 +68,49 @@ def report(trials: int, seed: int, data: dict) -> Result:
     harness_timeout = rc is None or "Timeout (>" in out  # cut short, not an invariant failure
     violations: int | None = 0 if passed else (None if harness_timeout else 1)
     trials_ok = (ran or 0) >= TARGET_TRIALS
-    result.rows.append(Row("trials run", str(ran) if ran is not None else f"unknown (test did not finish; {trials} requested)", f"{TARGET_TRIALS} (long mode)", round((ran or 0) / TARGET_TRIALS, 3), f">= {TARGET_TRIALS}", trials_ok))
-    result.rows.append(Row("trials killed with a save in progress (info)", str(in_save) if in_save is not None else "unknown", f"of {ran} trials" if ran else "-", round(in_save / ran, 3) if ran else None))
-    result.rows.append(Row("invariant violations", "unknown (timed out)" if violations is None else str(violations), f"{ran if ran is not None else '?'} trials", None, "0 with >= 200 trials", passed and trials_ok))
+    result.rows.append(
+        Row(
+            "trials run",
+            str(ran) if ran is not None else f"unknown (test did not finish; {trials} requested)",
+            f"{TARGET_TRIALS} (long mode)",
+            round((ran or 0) / TARGET_TRIALS, 3),
+            f">= {TARGET_TRIALS}",
+            trials_ok,
+        )
+    )
+    result.rows.append(
+        Row(
+            "trials killed with a save in progress (info)",
+            str(in_save) if in_save is not None else "unknown",
+            f"of {ran} trials" if ran else "-",
+            round(in_save / ran, 3) if ran else None,
+        )
+    )
+    result.rows.append(
+        Row(
+            "invariant violations",
+            "unknown (timed out)" if violations is None else str(violations),
+            f"{ran if ran is not None else '?'} trials",
+            None,
+            "0 with >= 200 trials",
+            passed and trials_ok,
+        )
+    )
     result.rows.append(Row("wall time (info)", f"{wall:.0f} s", f"{wall / ran:.1f} s per trial" if ran else "-"))
     if rc is None:
         result.notes.append(f"pytest killed by this script's --timeout after {wall:.0f} s")
     elif not passed:
         result.notes.append(f"pytest exited {rc}: {failure_text(out)}")
     result.notes.append(f"command: CKPT_FAULT_TRIALS={trials} CKPT_FAULT_SEED={seed} python -m pytest {TEST} -q -s (cwd {ROOT})")
-    result.details = {"trials_requested": trials, "trials_run": ran, "killed_in_save": in_save, "returncode": rc, "passed": passed, "wall_s": round(wall, 1), "output_tail": out[-2000:]}
+    result.details = {
+        "trials_requested": trials,
+        "trials_run": ran,
+        "killed_in_save": in_save,
+        "returncode": rc,
+        "passed": passed,
+        "wall_s": round(wall, 1),
+        "output_tail": out[-2000:],
+    }
     return result
 
 

@@ -143,8 +143,16 @@ def failure_run(work: Path, steps: int, save_every: int, mtbf_s: float, seed: in
     if end is None:
         end = lines[-1][1] if lines else start
     last_step = max((s for s, _ in lines), default=0)
-    return {"rc": rc, "timed_out": timed_out or end_line is None and job.tail.first(steps) is None, "start": start, "end": end,
-            "last_step": last_step, "kills": kills, "lines": lines, "events": events}
+    return {
+        "rc": rc,
+        "timed_out": timed_out or end_line is None and job.tail.first(steps) is None,
+        "start": start,
+        "end": end,
+        "last_step": last_step,
+        "kills": kills,
+        "lines": lines,
+        "events": events,
+    }
 
 
 def restart_costs(run: dict[str, Any], step_s: float) -> tuple[list[float], dict[str, list[float]]]:
@@ -196,15 +204,29 @@ def measure(work: Path, ks: list[int], steps: int, clean_steps: int, mtbf_s: flo
             continue
         common.log(f"K={k}: clean run ({clean_steps} steps, save every {CLEAN_SAVE_EVERY})")
         clean = clean_run(work / f"clean_k{k}", clean_steps, hard_end)
-        common.log(f"K={k}: T={clean['step_s'] * 1e3:.1f} ms, C={clean['ckpt_s'] * 1e3:.1f} ms; failure run ({steps} steps, MTBF {mtbf_s:g} s)")
+        common.log(
+            f"K={k}: T={clean['step_s'] * 1e3:.1f} ms, C={clean['ckpt_s'] * 1e3:.1f} ms; failure run ({steps} steps, MTBF {mtbf_s:g} s)"
+        )
         run = failure_run(work / f"fail_k{k}", steps, k, mtbf_s, seed + k, hard_end)
         costs, split = restart_costs(run, clean["step_s"])
         wall = run["end"] - run["start"]
         progress = (steps if not run["timed_out"] else run["last_step"]) - 1
-        runs[k] = {"clean": clean, "wall_s": wall, "progress_steps": progress, "timed_out": run["timed_out"], "rc": run["rc"],
-                   "failures": len(run["kills"]), "restart_costs": costs, "split": split, "lost_steps": lost_steps(run),
-                   "kills": [{key: (round(v - run["start"], 3) if key in ("time", "scheduled") else v) for key, v in kk.items()} for kk in run["kills"]],
-                   "events": sorted({e["event"] for e in run["events"]}), "failed_events": [e for e in run["events"] if e["event"] in ("failed", "crash_loop", "hang")]}
+        runs[k] = {
+            "clean": clean,
+            "wall_s": wall,
+            "progress_steps": progress,
+            "timed_out": run["timed_out"],
+            "rc": run["rc"],
+            "failures": len(run["kills"]),
+            "restart_costs": costs,
+            "split": split,
+            "lost_steps": lost_steps(run),
+            "kills": [
+                {key: (round(v - run["start"], 3) if key in ("time", "scheduled") else v) for key, v in kk.items()} for kk in run["kills"]
+            ],
+            "events": sorted({e["event"] for e in run["events"]}),
+            "failed_events": [e for e in run["events"] if e["event"] in ("failed", "crash_loop", "hang")],
+        }
         common.log(f"K={k}: wall {wall:.1f} s, {len(run['kills'])} failures, R median {med(costs)} s, rc {run['rc']}")
     return {"runs": runs, "skipped": skipped, "total_s": time.time() - t0}
 
@@ -227,8 +249,16 @@ def report(data: dict[str, Any], mtbf_s: float, steps: int) -> Result:
         measured[k], predicted[k] = g_meas, g_pred
         ratio = g_meas / g_pred
         partial = " (PARTIAL: run cut at the budget)" if r["timed_out"] else ""
-        result.rows.append(Row(f"goodput, K={k} (tau={k * t:.2f} s){partial}", f"{g_meas:.3f}", f"model {g_pred:.3f} (T={t * 1e3:.0f} ms, C={c * 1e3:.0f} ms, R={rr:.2f} s, M={mtbf_s:g} s)",
-                               round(ratio, 3), f"{RATIO_LOW:g}-{RATIO_HIGH:g}", RATIO_LOW <= ratio <= RATIO_HIGH))
+        result.rows.append(
+            Row(
+                f"goodput, K={k} (tau={k * t:.2f} s){partial}",
+                f"{g_meas:.3f}",
+                f"model {g_pred:.3f} (T={t * 1e3:.0f} ms, C={c * 1e3:.0f} ms, R={rr:.2f} s, M={mtbf_s:g} s)",
+                round(ratio, 3),
+                f"{RATIO_LOW:g}-{RATIO_HIGH:g}",
+                RATIO_LOW <= ratio <= RATIO_HIGH,
+            )
+        )
         result.notes.append(
             f"K={k}: {r['failures']} failures in {r['wall_s']:.1f} s (realised MTBF {realised:.1f} s -> model {g_real:.3f}, ratio {g_meas / g_real:.3f}); "
             f"steps re-executed {r['lost_steps']}; R samples {len(r['restart_costs'])}: median {med(r['restart_costs'])} s "
@@ -238,14 +268,27 @@ def report(data: dict[str, Any], mtbf_s: float, steps: int) -> Result:
     if len(measured) >= 2:
         order_m = sorted(measured, key=measured.get)
         order_p = sorted(predicted, key=predicted.get)
-        result.rows.append(Row("curve shape: K ordered by goodput", " < ".join(f"K={k}" for k in order_m), "model: " + " < ".join(f"K={k}" for k in order_p), None, "same order", order_m == order_p))
+        result.rows.append(
+            Row(
+                "curve shape: K ordered by goodput",
+                " < ".join(f"K={k}" for k in order_m),
+                "model: " + " < ".join(f"K={k}" for k in order_p),
+                None,
+                "same order",
+                order_m == order_p,
+            )
+        )
     if runs:
         ts = [r["clean"]["step_s"] for r in runs.values()]
         cs = [r["clean"]["ckpt_s"] for r in runs.values()]
         plan = plan_interval(max(statistics.median(cs), 1e-6), mtbf_s, pooled_r, statistics.median(ts))
         result.rows.append(Row("restart cost R (info)", f"{pooled_r:.2f} s", f"median of {len(all_costs)} failures"))
-        result.rows.append(Row("checkpoint cost C (info)", f"{statistics.median(cs) * 1e3:.0f} ms", f"step time T {statistics.median(ts) * 1e3:.0f} ms"))
-        result.notes.append(f"`ckpt plan` optimum for these C, M, R, T: Daly tau {plan.interval_s:.2f} s = {plan.interval_steps} steps, goodput {plan.goodput:.3f}")
+        result.rows.append(
+            Row("checkpoint cost C (info)", f"{statistics.median(cs) * 1e3:.0f} ms", f"step time T {statistics.median(ts) * 1e3:.0f} ms")
+        )
+        result.notes.append(
+            f"`ckpt plan` optimum for these C, M, R, T: Daly tau {plan.interval_s:.2f} s = {plan.interval_steps} steps, goodput {plan.goodput:.3f}"
+        )
     if data["skipped"]:
         result.notes.append(f"skipped for the time budget: K={data['skipped']}")
     result.notes.append(f"total {data['total_s']:.0f} s")
@@ -259,7 +302,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps of each failure run (default 800; --quick 60)")
     parser.add_argument("--mtbf", type=float, default=None, help="mean seconds between injected failures (default 20; --quick 10)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--budget", type=float, default=720, help="seconds for the whole benchmark; K values that do not fit are skipped (default 720)")
+    parser.add_argument(
+        "--budget", type=float, default=720, help="seconds for the whole benchmark; K values that do not fit are skipped (default 720)"
+    )
     args = parser.parse_args()
     ks = args.k or ([5, 20] if args.quick else [5, 20, 80])
     steps = args.steps or (60 if args.quick else 800)

@@ -115,10 +115,23 @@ def report(times: dict[str, dict[int, list[float]]], small: int, large: int, bui
     for key, label, bound in specs:
         big, ref = Stats.of(times[key][large]), Stats.of(times[key][small])
         target, met = common.at_most(big.median, bound) if bound is not None else ("-", None)
-        result.rows.append(Row(label, big.fmt(3, "s"), f"same, {small} checkpoints: {ref.fmt(3, 's')}", round(big.median / ref.median, 1), target + (" s" if bound else ""), met))
+        result.rows.append(
+            Row(
+                label,
+                big.fmt(3, "s"),
+                f"same, {small} checkpoints: {ref.fmt(3, 's')}",
+                round(big.median / ref.median, 1),
+                target + (" s" if bound else ""),
+                met,
+            )
+        )
     per = (Stats.of(times["rows"][large]).median - Stats.of(times["rows"][small]).median) / (large - small)
-    result.notes.append(f"rows() costs {per * 1e6:.1f} us per extra checkpoint (warm); the {large:,}-checkpoint index.jsonl is {index_bytes / 1e6:.1f} MB")
-    result.notes.append(f"the targets apply to the {large:,}-checkpoint directory (absolute seconds); ratio = {large:,} / {small}. Building the {large:,} checkpoints took {build_s:.1f} s (not timed in the figures)")
+    result.notes.append(
+        f"rows() costs {per * 1e6:.1f} us per extra checkpoint (warm); the {large:,}-checkpoint index.jsonl is {index_bytes / 1e6:.1f} MB"
+    )
+    result.notes.append(
+        f"the targets apply to the {large:,}-checkpoint directory (absolute seconds); ratio = {large:,} / {small}. Building the {large:,} checkpoints took {build_s:.1f} s (not timed in the figures)"
+    )
     result.details = {"seconds": {k: {str(n): v for n, v in d.items()} for k, d in times.items()}, "index_bytes": index_bytes}
     return result
 

@@ -138,12 +138,24 @@ def report(loader: Loader, times: dict[str, list[float]], phases: dict[str, list
         result.rows.append(Row(label, load.fmt(2, "GB/s"), f"raw read {temp} {raw.fmt(2, 'GB/s')}", round(ratio, 3), target, met))
     no_hash = tput["resume_cold_no_validate"]
     raw_cold = f"raw read cold {tput['raw_cold'].fmt(2, 'GB/s')}"
-    result.rows.append(Row("resume(), validate_on_resume=False, cold (info)", no_hash.fmt(2, "GB/s"), raw_cold, round(no_hash.median / tput["raw_cold"].median, 3)))
+    result.rows.append(
+        Row(
+            "resume(), validate_on_resume=False, cold (info)",
+            no_hash.fmt(2, "GB/s"),
+            raw_cold,
+            round(no_hash.median / tput["raw_cold"].median, 3),
+        )
+    )
     for variant in (v for v in VARIANTS if v.startswith("resume")):
         result.notes.append(phase_note(variant, *common.median_run(times[variant], phases[variant])))
     resident = max(loader.resident_after_evict) if loader.resident_after_evict else None
     result.notes.append(f"eviction: {loader.eviction}; at most {resident} bytes of the files still cached after eviction (fincore)")
-    result.details = {"file_bytes": loader.nbytes, "files": len(loader.files), "seconds": times, "phases": {v: common.median_phases(s) for v, s in phases.items() if s}}
+    result.details = {
+        "file_bytes": loader.nbytes,
+        "files": len(loader.files),
+        "seconds": times,
+        "phases": {v: common.median_phases(s) for v, s in phases.items() if s},
+    }
     return result
 
 

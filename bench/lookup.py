@@ -94,15 +94,43 @@ def main() -> None:
     lat_small, lat_large = (stats_of(*latest[n], calls) for n in (small, large))
     ratio = lat_large.median / lat_small.median
     target, met = common.at_most(ratio, TARGET)
-    result.rows.append(Row(f"read_latest(), {large:,} dirs", lat_large.fmt(4, "ms"), f"same, {small} dirs: {lat_small.fmt(4, 'ms')}", round(ratio, 3), target, met))
+    result.rows.append(
+        Row(
+            f"read_latest(), {large:,} dirs",
+            lat_large.fmt(4, "ms"),
+            f"same, {small} dirs: {lat_small.fmt(4, 'ms')}",
+            round(ratio, 3),
+            target,
+            met,
+        )
+    )
     scan_small, scan_large = (stats_of(*scan[n], scan_calls) for n in (small, large))
-    result.rows.append(Row(f"committed_on_disk() scan, {large:,} dirs (info)", scan_large.fmt(3, "ms"), f"same, {small} dirs: {scan_small.fmt(3, 'ms')}", round(scan_large.median / scan_small.median, 1)))
+    result.rows.append(
+        Row(
+            f"committed_on_disk() scan, {large:,} dirs (info)",
+            scan_large.fmt(3, "ms"),
+            f"same, {small} dirs: {scan_small.fmt(3, 'ms')}",
+            round(scan_large.median / scan_small.median, 1),
+        )
+    )
     for name, cold, digits in (("read_latest()", cold_latest, 3), ("committed_on_disk()", cold_scan, 2)):
         ratio_cold = round(cold[large].median / cold[small].median, 2)
-        result.rows.append(Row(f"{name} cold, {large:,} dirs (info)", cold[large].fmt(digits, "ms"), f"same, {small} dirs: {cold[small].fmt(digits, 'ms')}", ratio_cold))
-    result.notes.append(f"warm figures: median of every call; min-max of the medians of blocks of {BLOCK} calls (read_latest), alternating sizes")
+        result.rows.append(
+            Row(
+                f"{name} cold, {large:,} dirs (info)",
+                cold[large].fmt(digits, "ms"),
+                f"same, {small} dirs: {cold[small].fmt(digits, 'ms')}",
+                ratio_cold,
+            )
+        )
+    result.notes.append(
+        f"warm figures: median of every call; min-max of the medians of blocks of {BLOCK} calls (read_latest), alternating sizes"
+    )
     result.notes.append("cold: caches dropped (drop_caches=3 when allowed) before each call; this also drops the directory's dentries")
-    result.details = {"read_latest_ms": {str(n): v[0] for n, v in latest.items()}, "committed_on_disk_ms": {str(n): v[0] for n, v in scan.items()}}
+    result.details = {
+        "read_latest_ms": {str(n): v[0] for n, v in latest.items()},
+        "committed_on_disk_ms": {str(n): v[0] for n, v in scan.items()},
+    }
     result.emit()
 
 

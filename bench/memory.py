@@ -113,11 +113,28 @@ def peak_rows(p: dict[str, Any]) -> tuple[list[Row], list[str]]:
     reference = f"state {state / GB:.3f} GB"
     rows = [
         Row("(a) peak RSS added by one async save (VmHWM)", f"{added / GB:.3f} GB", reference, round(ratio, 3), target, met),
-        Row("(a) same, sampled every 5 ms (info)", f"{(p['sampled_peak'] - p['baseline']) / GB:.3f} GB", reference, round((p["sampled_peak"] - p["baseline"]) / state, 3)),
-        Row("(a) RSS kept after the save committed (info)", f"{(p['after'] - p['baseline']) / GB:.3f} GB", reference, round((p["after"] - p["baseline"]) / state, 3)),
-        Row("(a) peak added by a 2nd save, param.grad None (info)", f"{(p['hwm_second_save_no_grads'] - p['after']) / GB:.3f} GB", reference, round((p["hwm_second_save_no_grads"] - p["after"]) / state, 3)),
+        Row(
+            "(a) same, sampled every 5 ms (info)",
+            f"{(p['sampled_peak'] - p['baseline']) / GB:.3f} GB",
+            reference,
+            round((p["sampled_peak"] - p["baseline"]) / state, 3),
+        ),
+        Row(
+            "(a) RSS kept after the save committed (info)",
+            f"{(p['after'] - p['baseline']) / GB:.3f} GB",
+            reference,
+            round((p["after"] - p["baseline"]) / state, 3),
+        ),
+        Row(
+            "(a) peak added by a 2nd save, param.grad None (info)",
+            f"{(p['hwm_second_save_no_grads'] - p['after']) / GB:.3f} GB",
+            reference,
+            round((p["hwm_second_save_no_grads"] - p["after"]) / state, 3),
+        ),
     ]
-    notes = [f"(a) baseline RSS {p['baseline'] / GB:.3f} GB (model, gradients, manager, warm-up); VmHWM reset worked: {p['hwm_reset']}; {p['samples']} RSS samples"]
+    notes = [
+        f"(a) baseline RSS {p['baseline'] / GB:.3f} GB (model, gradients, manager, warm-up); VmHWM reset worked: {p['hwm_reset']}; {p['samples']} RSS samples"
+    ]
     return rows, notes
 
 
@@ -140,7 +157,9 @@ def growth_rows(g: dict[str, Any]) -> tuple[list[Row], list[str]]:
         )
     ]
     spread = (max(rss[EARLY_SAVE - 1 :]) - min(rss[EARLY_SAVE - 1 :])) / MB
-    notes = [f"(b) RSS over saves {EARLY_SAVE}..{n}: slope {per_save / MB:+.3f} MB/save, max-min {spread:.1f} MB; after save 1: {rss[0] / MB:.0f} MB"]
+    notes = [
+        f"(b) RSS over saves {EARLY_SAVE}..{n}: slope {per_save / MB:+.3f} MB/save, max-min {spread:.1f} MB; after save 1: {rss[0] / MB:.0f} MB"
+    ]
     return rows, notes
 
 
@@ -158,7 +177,9 @@ def run_parts(args: Any) -> None:
 
 def main() -> None:
     parser = common.base_parser(__doc__)
-    parser.add_argument("--part", choices=("peak", "growth"), help="run one part in this process (run_all and the default run both, each in a subprocess)")
+    parser.add_argument(
+        "--part", choices=("peak", "growth"), help="run one part in this process (run_all and the default run both, each in a subprocess)"
+    )
     parser.add_argument("--saves", type=int, default=None, help="saves for part (b) (default 50; --quick 15)")
     args = parser.parse_args()
     if args.part is None:

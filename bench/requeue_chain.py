@@ -280,8 +280,24 @@ def first_event(events: list[dict[str, Any]], name: str, after: float, **match: 
 def submit(root: Path) -> tuple[str, Path, Path]:
     ckpt, metrics = root / "ckpt", root / "metrics.jsonl"
     argv = [
-        sys.executable, "-m", "ckpt_tool.cli.main", "submit", "--ckpt-dir", str(ckpt), "--nproc-per-node", "2", "--time", "20:00",
-        "--", "-m", RECIPE, "--ckpt-dir", str(ckpt), "--metrics", str(metrics), *RECIPE_ARGS,
+        sys.executable,
+        "-m",
+        "ckpt_tool.cli.main",
+        "submit",
+        "--ckpt-dir",
+        str(ckpt),
+        "--nproc-per-node",
+        "2",
+        "--time",
+        "20:00",
+        "--",
+        "-m",
+        RECIPE,
+        "--ckpt-dir",
+        str(ckpt),
+        "--metrics",
+        str(metrics),
+        *RECIPE_ARGS,
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     job_id = proc.stdout.splitlines()[0].strip() if proc.stdout.strip() else ""
@@ -305,6 +321,7 @@ def run_trial(root: Path, natural: bool) -> dict[str, Any]:
         p.start()
     done = False
     try:
+
         def output() -> str:
             return out_file.read_text(errors="replace") if out_file.exists() else ""
 
@@ -417,7 +434,7 @@ def span(trial: dict[str, Any], a: str, b: str) -> float | None:
 
 CHAIN_A = [
     ("(a) USR1 -> stop_requested event (trap, srun forwards USR1, ckpt run's next poll)", "usr1", "stop_requested"),
-    ("(a) stop_requested -> checkpoint of the stop step committed (\"checkpoint\")", "stop_requested", "commit"),
+    ('(a) stop_requested -> checkpoint of the stop step committed ("checkpoint")', "stop_requested", "commit"),
     ("(a) commit -> stopped_for_requeue (ranks exit, torchrun exits, ckpt run notices)", "commit", "stopped_for_requeue"),
     ("(a) stopped_for_requeue -> requeue event (ckpt run exits, srun returns, `ckpt note`)", "stopped_for_requeue", "requeue"),
     ("(a) requeue event -> PENDING in squeue (`scontrol requeue`)", "requeue", "pending_seen"),
@@ -503,16 +520,16 @@ def report(trials: list[dict[str, Any]], cluster_note: str) -> Result:
     validation = Stats.of([t["recover_validation_s"] for t in trials])
     step = Stats.of([t["step_s_median"] for t in trials if t["step_s_median"] is not None])
     result.notes.append(
-        f"(c) `ckpt recover`'s own \"seconds\" (validation of the newest checkpoint, 2 MB) {validation.fmt(3, 's')}; "
+        f'(c) `ckpt recover`\'s own "seconds" (validation of the newest checkpoint, 2 MB) {validation.fmt(3, "s")}; '
         f"median training step before USR1 {step.fmt(3, 's')}: the last segment is resume() + about one step"
     )
     result.notes.append(
-        "no \"restarted\"/\"resumed\" event after a requeue (ckpt run starts at attempt 0; the watchdog logs them for attempts > 0 only): "
+        'no "restarted"/"resumed" event after a requeue (ckpt run starts at attempt 0; the watchdog logs them for attempts > 0 only): '
         "first beat = mtime of the rank's heartbeat socket, resumed = first new metrics line (tailed every 10 ms)"
     )
     result.notes.append(
         f"stop steps: {', '.join(str(t['stop_step']) for t in trials)} (USR1 sent once step >= {USR1_AT_STEP} was seen); "
-        "every job resumed at the next step and ended with \"training finished\""
+        'every job resumed at the next step and ended with "training finished"'
     )
     result.notes.append(f"SLURM cluster: {cluster_note}")
     result.details = {"trials": trials}

@@ -217,6 +217,7 @@ def measure_offline(work: Path, state_bytes: float, reps: int) -> dict[str, Any]
 
 def worker_summary(ranks: list[dict[str, Any]]) -> dict[str, float]:
     """One instrumented run: the slower rank's figures (the job waits for it)."""
+
     def slowest(key: Any) -> float:
         return max(key(r) for r in ranks)
 

@@ -23,7 +23,18 @@ import common
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-SCRIPTS = ("save_throughput", "async_blocked", "load_throughput", "lookup", "memory", "validate_throughput", "list_speed", "watchdog", "requeue_chain", "reshard_speed")
+SCRIPTS = (
+    "save_throughput",
+    "async_blocked",
+    "load_throughput",
+    "lookup",
+    "memory",
+    "validate_throughput",
+    "list_speed",
+    "watchdog",
+    "requeue_chain",
+    "reshard_speed",
+)
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {"watchdog": 900, "requeue_chain": 900, "reshard_speed": 900}  # several torchrun launches, failures and recoveries (~6 min)
 
@@ -140,13 +151,21 @@ def _ratio(ratio: float | None) -> str:
 def figure_section(result: dict[str, Any]) -> list[str]:
     head = f"## {result['figure']}. {result['title']}"
     load = result.get("load")
-    load_text = f" Load average (1 min) before / after: {load[0]:g} / {load[1]:g} ({os.cpu_count()} CPUs; other jobs share this machine)." if load else ""
+    load_text = (
+        f" Load average (1 min) before / after: {load[0]:g} / {load[1]:g} ({os.cpu_count()} CPUs; other jobs share this machine)."
+        if load
+        else ""
+    )
     lines = [head, "", f"`bench/{result['script']}.py`, {result['seconds']} s.{load_text}"]
     code = result.get("code")
     if code and code[0] == code[1] and result.get("run_code") not in (None, code[0]):
-        lines[-1] += f" ckpt_tool/ changed before this script (content hash {code[0]}, HEAD {code[2]}; see the Machine table for the run's start)."
+        lines[-1] += (
+            f" ckpt_tool/ changed before this script (content hash {code[0]}, HEAD {code[2]}; see the Machine table for the run's start)."
+        )
     if code and code[0] != code[1]:
-        lines[-1] += f" **ckpt_tool/ changed while this script ran** (content hash {code[0]} -> {code[1]}, HEAD {code[2]} at its end): some of its runs measured the newer code."
+        lines[-1] += (
+            f" **ckpt_tool/ changed while this script ran** (content hash {code[0]} -> {code[1]}, HEAD {code[2]} at its end): some of its runs measured the newer code."
+        )
     if "error" in result:
         return lines + ["", f"**FAILED**: {result['error']}", ""]
     lines += [
@@ -155,7 +174,9 @@ def figure_section(result: dict[str, Any]) -> list[str]:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["rows"]:
-        lines.append(f"| {row['measured']} | {row['value']} | {row['reference']} | {_ratio(row['ratio'])} | {row['target']} | {_met(row['met'])} |")
+        lines.append(
+            f"| {row['measured']} | {row['value']} | {row['reference']} | {_ratio(row['ratio'])} | {row['target']} | {_met(row['met'])} |"
+        )
     if result["notes"]:
         lines.append("")
         lines += [f"- {note}" for note in result["notes"]]
@@ -204,7 +225,12 @@ def render(results: list[dict[str, Any]], machine_rows: list[tuple[str, str]], q
 
 def main() -> None:
     parser = common.base_parser(__doc__)
-    parser.add_argument("--output", type=Path, default=None, help="markdown file to write (default: BENCHMARKS.md at the repository root; --quick: print only)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="markdown file to write (default: BENCHMARKS.md at the repository root; --quick: print only)",
+    )
     parser.add_argument("--only", nargs="+", choices=SCRIPTS, default=list(SCRIPTS), help="run only these scripts")
     args = parser.parse_args()
     output = args.output or (None if args.quick else REPO / "BENCHMARKS.md")

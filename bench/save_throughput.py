@@ -135,7 +135,14 @@ def report(data: dict[str, Any]) -> Result:
         label = f"save(), io_threads={n}" + (" (current default)" if n == DEFAULT_IO_THREADS else "")
         result.rows.append(Row(label, save.fmt(2, "GB/s"), reference, round(ratio, 3), target, met))
     no_grads = Stats.of(data["times"][NO_GRADS]).inverse(gb)
-    result.rows.append(Row(f"save(), io_threads={DEFAULT_IO_THREADS}, param.grad None (info)", no_grads.fmt(2, "GB/s"), reference, round(no_grads.median / raw.median, 3)))
+    result.rows.append(
+        Row(
+            f"save(), io_threads={DEFAULT_IO_THREADS}, param.grad None (info)",
+            no_grads.fmt(2, "GB/s"),
+            reference,
+            round(no_grads.median / raw.median, 3),
+        )
+    )
     for n in (*IO_THREADS, NO_GRADS):
         label = f"io_threads={n}" if n != NO_GRADS else f"io_threads={DEFAULT_IO_THREADS}, grads None"
         result.notes.append(phase_note(label, *common.median_run(data["times"][n], data["breakdown"][n])))

@@ -115,7 +115,9 @@ class Runner:
         return seconds
 
 
-def measure(runner: Runner, reps: int, cli_reps: int) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]], dict[str, list[float]]]:
+def measure(
+    runner: Runner, reps: int, cli_reps: int
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]], dict[str, list[float]]]:
     import ckpt_tool.store.store as store_module
     import ckpt_tool.training.validation as validate_module
 
@@ -131,7 +133,9 @@ def measure(runner: Runner, reps: int, cli_reps: int) -> tuple[dict[str, list[fl
     for i in range(cli_reps):
         cli["validate"].append(runner.cli())
         cli["imports"].append(common.time_command([sys.executable, "-c", IMPORTS])[0])
-        common.log(f"ckpt validate --json, cold {i + 1}/{cli_reps}: {cli['validate'][-1]:.2f} s; interpreter + imports alone {cli['imports'][-1]:.2f} s")
+        common.log(
+            f"ckpt validate --json, cold {i + 1}/{cli_reps}: {cli['validate'][-1]:.2f} s; interpreter + imports alone {cli['imports'][-1]:.2f} s"
+        )
     return times, phases, cli
 
 
@@ -173,7 +177,9 @@ def memory(work: Path, big_dir: Path, small_bytes: float, runs: int) -> dict[str
         for size, directory in (("small", small_dir), ("big", big_dir)):
             data = common.run_json([sys.executable, __file__, "--part", "memory", "--ckpt-dir", str(directory)], timeout_s=300)
             out[size].append(data)
-            common.log(f"memory run {i + 1}/{runs}, {size} ({data['checkpoint_bytes'] / GB:.2f} GB): VmHWM {data['process_hwm'] / MB:.0f} MB, added by validate {data['added'] / MB:.1f} MB")
+            common.log(
+                f"memory run {i + 1}/{runs}, {size} ({data['checkpoint_bytes'] / GB:.2f} GB): VmHWM {data['process_hwm'] / MB:.0f} MB, added by validate {data['added'] / MB:.1f} MB"
+            )
     shutil.rmtree(small_dir)
     return out
 
@@ -184,7 +190,13 @@ def phase_note(variant: str, total: float, split: dict[str, float]) -> str:
     return f"{variant}: the median run, {total:.3f} s = {parts} + other {total - sum(split.values()):.3f} s"
 
 
-def report(runner: Runner, times: dict[str, list[float]], phases: dict[str, list[dict[str, float]]], cli: dict[str, list[float]], mem: dict[str, list[dict[str, Any]]]) -> Result:
+def report(
+    runner: Runner,
+    times: dict[str, list[float]],
+    phases: dict[str, list[dict[str, float]]],
+    cli: dict[str, list[float]],
+    mem: dict[str, list[dict[str, Any]]],
+) -> Result:
     gb = runner.nbytes / GB
     tput = {v: Stats.of(t).inverse(gb) for v, t in times.items()}
     result = Result("6", f"`ckpt validate` throughput and memory ({gb:.2f} GB of files, GB/s)")
@@ -195,9 +207,23 @@ def report(runner: Runner, times: dict[str, list[float]], phases: dict[str, list
         label = f"validate_checkpoint(threads={THREADS}), {temp}" + (" (info)" if temp == "warm" else "")
         result.rows.append(Row(label, val.fmt(2, "GB/s"), f"raw read {temp} {raw.fmt(2, 'GB/s')}", round(ratio, 3), target, met))
     raw4, val = tput["raw4_cold"], tput["validate_cold"]
-    result.rows.append(Row(f"validate_checkpoint(threads={THREADS}), cold, vs a raw read in {THREADS} threads, one file each (info)", val.fmt(2, "GB/s"), f"raw read cold, {THREADS} threads {raw4.fmt(2, 'GB/s')}", round(val.median / raw4.median, 3)))
+    result.rows.append(
+        Row(
+            f"validate_checkpoint(threads={THREADS}), cold, vs a raw read in {THREADS} threads, one file each (info)",
+            val.fmt(2, "GB/s"),
+            f"raw read cold, {THREADS} threads {raw4.fmt(2, 'GB/s')}",
+            round(val.median / raw4.median, 3),
+        )
+    )
     cli_s, val_s = Stats.of(cli["validate"]), Stats.of(times["validate_cold"])
-    result.rows.append(Row("`ckpt validate DIR --json` wall time, cold (info)", cli_s.fmt(2, "s"), f"validate_checkpoint cold {val_s.fmt(2, 's')}", round(cli_s.median / val_s.median, 3)))
+    result.rows.append(
+        Row(
+            "`ckpt validate DIR --json` wall time, cold (info)",
+            cli_s.fmt(2, "s"),
+            f"validate_checkpoint cold {val_s.fmt(2, 's')}",
+            round(cli_s.median / val_s.median, 3),
+        )
+    )
 
     def med(size: str, key: str) -> Stats:
         return Stats.of([m[key] for m in mem[size]])
@@ -227,25 +253,38 @@ def report(runner: Runner, times: dict[str, list[float]], phases: dict[str, list
             round(hwm_big.median / hwm_small.median, 3),
         )
     )
-    result.notes.append(f"CLI: `python -c '{IMPORTS}'` alone (interpreter + torch + torch.distributed.checkpoint, which the DCP metadata check needs) takes {Stats.of(cli['imports']).fmt(2, 's')}")
+    result.notes.append(
+        f"CLI: `python -c '{IMPORTS}'` alone (interpreter + torch + torch.distributed.checkpoint, which the DCP metadata check needs) takes {Stats.of(cli['imports']).fmt(2, 's')}"
+    )
     for variant in ("validate_cold", "validate_warm"):
         result.notes.append(phase_note(variant, *common.median_run(times[variant], phases[variant])))
     resident = max(runner.resident) if runner.resident else None
-    result.notes.append(f"eviction: {runner.eviction} (CLI runs: {runner.cli_eviction}); at most {resident} bytes of the files still cached after eviction (fincore)")
+    result.notes.append(
+        f"eviction: {runner.eviction} (CLI runs: {runner.cli_eviction}); at most {resident} bytes of the files still cached after eviction (fincore)"
+    )
     result.notes.append(
         f"memory: difference of the medians {growth / MB:+.1f} MB for {(big_b - small_b) / GB:.2f} GB more checkpoint; "
         f"RSS before validate {med('big', 'baseline').median / MB:.0f} MB (python + torch + ckpt_tool), VmHWM of the imports "
         f"{med('big', 'hwm_imports').median / MB:.0f} MB; {mem['big'][0]['files']} files hashed by {THREADS} threads with one 8 MiB buffer each "
         f"(expected bound ~{THREADS * 8 * 1.048576:.0f} MB + thread stacks); VmHWM reset worked: {mem['big'][0]['hwm_reset']}"
     )
-    result.details = {"file_bytes": runner.nbytes, "files": len(runner.files), "seconds": times, "cli_seconds": cli, "phases": {v: common.median_phases(s) for v, s in phases.items() if s}, "memory": mem}
+    result.details = {
+        "file_bytes": runner.nbytes,
+        "files": len(runner.files),
+        "seconds": times,
+        "cli_seconds": cli,
+        "phases": {v: common.median_phases(s) for v, s in phases.items() if s},
+        "memory": mem,
+    }
     return result
 
 
 def main() -> None:
     parser = common.base_parser(__doc__)
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default 5; --quick 2)")
-    parser.add_argument("--part", choices=("memory",), help="internal: validate --ckpt-dir in this (fresh) process and print its memory figures")
+    parser.add_argument(
+        "--part", choices=("memory",), help="internal: validate --ckpt-dir in this (fresh) process and print its memory figures"
+    )
     parser.add_argument("--ckpt-dir", type=Path, help="internal: the checkpoint directory for --part memory")
     args = parser.parse_args()
     if args.part == "memory":

@@ -89,7 +89,9 @@ class Job(RecipeJob):
     """One launch of the recipe (under ``ckpt run`` or plain torchrun), each metrics line stamped
     as it appears, with the CPU seconds of the supervisor and the torchrun agent at that moment."""
 
-    def __init__(self, root: Path, steps: int, save_every: int, extra: tuple[str, ...] = (), supervised: bool = True, run_opts: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, root: Path, steps: int, save_every: int, extra: tuple[str, ...] = (), supervised: bool = True, run_opts: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(root, steps, save_every, extra, supervised=supervised, run_opts=run_opts)
         self.tail = common.MetricsTail(self.metrics, probe=self.cpu_seconds)
         self._watched: dict[str, Any] = {}
@@ -102,7 +104,11 @@ class Job(RecipeJob):
         try:
             if "agent" not in self._watched:
                 top = psutil.Process(self.proc.pid)
-                agent = top if not self.supervised else next((p for p in top.children() if "torch.distributed.run" in " ".join(p.cmdline())), None)
+                agent = (
+                    top
+                    if not self.supervised
+                    else next((p for p in top.children() if "torch.distributed.run" in " ".join(p.cmdline())), None)
+                )
                 if agent is None:
                     return {}
                 self._watched = {"agent": agent, **({"watchdog": top} if self.supervised else {})}
@@ -215,7 +221,14 @@ def end_to_end(work: Path, steps: int, runs: int) -> dict[str, list[dict[str, An
             first, last = job.tail.cpu[WARM_STEPS], job.tail.cpu[-1]
             n = len(job.tail.lines) - 1 - WARM_STEPS
             cpu_ms = {k: (last[k] - first[k]) / n * 1e3 for k in last if k in first}
-            out[kind].append({"steps_per_s": rate, "median_step_s": statistics.median(intervals), "wall_s": job.tail.lines[-1][1] - job.started_at, "cpu_ms_per_step": cpu_ms})
+            out[kind].append(
+                {
+                    "steps_per_s": rate,
+                    "median_step_s": statistics.median(intervals),
+                    "wall_s": job.tail.lines[-1][1] - job.started_at,
+                    "cpu_ms_per_step": cpu_ms,
+                }
+            )
             common.log(f"(1b) run {i + 1}/{runs} {kind}: {rate:.2f} steps/s, median step {statistics.median(intervals) * 1e3:.1f} ms")
     return out
 
@@ -241,7 +254,9 @@ def failure_trials(work: Path, kind: str, trials: int, rng: random.Random) -> di
                 line = job.tail.wait_line(base, lambda s, first=first: s >= first + PROGRESS_STEPS - 1, 120)
                 delay = rng.uniform(0.0, 0.3)
             else:  # a step >= 2 steps away from the next checkpoint, far from the last one too
-                line = job.tail.wait_line(base, lambda s, first=first: s >= first + PROGRESS_STEPS - 1 and 2 <= s % save_every <= save_every - 3, 120)
+                line = job.tail.wait_line(
+                    base, lambda s, first=first: s >= first + PROGRESS_STEPS - 1 and 2 <= s % save_every <= save_every - 3, 120
+                )
                 delay = rng.uniform(0.0, 0.03)
             if line is None:
                 raise RuntimeError(f"trial {i}: the run made no progress: {job.log_tail()}")
@@ -260,11 +275,32 @@ def failure_trials(work: Path, kind: str, trials: int, rng: random.Random) -> di
                         victim.send_signal(signal.SIGCONT)
                     except Exception:  # noqa: BLE001 - gone already
                         pass
-                results.append({"trial": i, "rank": victim_rank, "pid": victim.pid, "failed_at": failed_at, "last_step_seen": line[0], "recovered": False})
+                results.append(
+                    {
+                        "trial": i,
+                        "rank": victim_rank,
+                        "pid": victim.pid,
+                        "failed_at": failed_at,
+                        "last_step_seen": line[0],
+                        "recovered": False,
+                    }
+                )
                 common.log(f"(2) {kind} trial {i + 1}/{trials}: NOT recovered within 150 s")
                 break
-            results.append({"trial": i, "rank": victim_rank, "pid": victim.pid, "failed_at": failed_at, "last_step_seen": line[0], "recovered": True, "attempt": resumed["attempt"]})
-            common.log(f"(2) {kind} trial {i + 1}/{trials}: rank {victim_rank} at step ~{line[0]}, resumed {resumed['time'] - failed_at:.2f} s later")
+            results.append(
+                {
+                    "trial": i,
+                    "rank": victim_rank,
+                    "pid": victim.pid,
+                    "failed_at": failed_at,
+                    "last_step_seen": line[0],
+                    "recovered": True,
+                    "attempt": resumed["attempt"],
+                }
+            )
+            common.log(
+                f"(2) {kind} trial {i + 1}/{trials}: rank {victim_rank} at step ~{line[0]}, resumed {resumed['time'] - failed_at:.2f} s later"
+            )
         stop_rc = job.stop()
     finally:
         job.cleanup()
@@ -281,7 +317,11 @@ def failure_trials(work: Path, kind: str, trials: int, rng: random.Random) -> di
         "event_counts": counts,
         "stop_exit_code": stop_rc,
         "timeouts": start.get("timeouts"),
-        "unexpected": [{**e, "after_failure_s": unexpected_offset(e, results)} for e in events if e["event"] in (unexpected, "killed_ranks") and not (kind == "hang" and e["event"] == "killed_ranks")],
+        "unexpected": [
+            {**e, "after_failure_s": unexpected_offset(e, results)}
+            for e in events
+            if e["event"] in (unexpected, "killed_ranks") and not (kind == "hang" and e["event"] == "killed_ranks")
+        ],
     }
 
 
@@ -305,12 +345,23 @@ def split_trial(kind: str, r: dict[str, Any], events: list[dict[str, Any]]) -> d
     out: dict[str, Any] = {}
     if kind == "crash":
         detected = first(lambda e: e["event"] == "rank_exited" and e.get("pid") == r["pid"])
-        out["other_rank_exited_events"] = len([e for e in after if e["event"] == "rank_exited" and e.get("pid") != r["pid"] and (not r.get("attempt") or e["attempt"] < r["attempt"])])
+        out["other_rank_exited_events"] = len(
+            [
+                e
+                for e in after
+                if e["event"] == "rank_exited" and e.get("pid") != r["pid"] and (not r.get("attempt") or e["attempt"] < r["attempt"])
+            ]
+        )
     else:
         detected = first(lambda e: e["event"] == "hang")
         victim_hang = first(lambda e: e["event"] == "hang" and e.get("pid") == r["pid"])
         if detected is not None:
-            out.update(culprit_phase=detected.get("phase"), culprit_is_victim=detected.get("pid") == r["pid"], timeout_s=detected.get("timeout_s"), victim_phase=(victim_hang or {}).get("phase"))
+            out.update(
+                culprit_phase=detected.get("phase"),
+                culprit_is_victim=detected.get("pid") == r["pid"],
+                timeout_s=detected.get("timeout_s"),
+                victim_phase=(victim_hang or {}).get("phase"),
+            )
     if detected is None:
         return out
     out["detection_s"] = detected["time"] - t0
@@ -383,7 +434,11 @@ def alarm_note(i: int, run: dict[str, Any]) -> str:
     if hangs:
         t0 = hangs[0]["time"]
         same = [e for e in hangs if e["time"] - t0 < 1.0]
-        first = "; first hang: " + ", ".join(f"rank {e['rank']} in {e['phase']} at step {e['step']} (silent {e['silent_s']} s)" for e in same) + f", timeout {hangs[0]['timeout_s']} s"
+        first = (
+            "; first hang: "
+            + ", ".join(f"rank {e['rank']} in {e['phase']} at step {e['step']} (silent {e['silent_s']} s)" for e in same)
+            + f", timeout {hangs[0]['timeout_s']} s"
+        )
     return f"run {i + 1}: {run['alarms']}, exit {run['exit_code']}, events {run['events']}{first}"
 
 
@@ -392,21 +447,49 @@ def med(values: list[float]) -> Stats:
     return Stats.of(values)
 
 
-def report(micro: dict[str, Any], e2e: dict[str, list[dict[str, Any]]], trials: dict[str, dict[str, Any]], fa: list[dict[str, Any]]) -> Result:
+def report(
+    micro: dict[str, Any], e2e: dict[str, list[dict[str, Any]]], trials: dict[str, dict[str, Any]], fa: list[dict[str, Any]]
+) -> Result:
     result = Result("8", "`ckpt run` watchdog: heartbeat cost, detection latency, false alarms, recovery")
     # (1a)
     step_s = statistics.median([r["median_step_s"] for r in e2e["torchrun"]])
     per_step = med(micro["per_step_s"]).scaled(1e6)
     ratio = per_step.median / 1e6 / step_s
     target, met = common.at_most(ratio, BEAT_TARGET)
-    result.rows.append(Row(f"(1a) heartbeat cost per recipe step ({BEATS_PER_STEP} beats: data enter/exit, maybe_save)", per_step.fmt(1, "us"), f"median recipe step {step_s * 1e3:.1f} ms (plain torchrun, 1b)", round(ratio, 5), target, met))
+    result.rows.append(
+        Row(
+            f"(1a) heartbeat cost per recipe step ({BEATS_PER_STEP} beats: data enter/exit, maybe_save)",
+            per_step.fmt(1, "us"),
+            f"median recipe step {step_s * 1e3:.1f} ms (plain torchrun, 1b)",
+            round(ratio, 5),
+            target,
+            met,
+        )
+    )
     beat = med(micro["per_beat_s"]).scaled(1e6)
-    result.rows.append(Row("(1a) one Heartbeat.beat() (info)", beat.fmt(1, "us"), f"median recipe step {step_s * 1e3:.1f} ms", round(beat.median / 1e6 / step_s, 6)))
+    result.rows.append(
+        Row(
+            "(1a) one Heartbeat.beat() (info)",
+            beat.fmt(1, "us"),
+            f"median recipe step {step_s * 1e3:.1f} ms",
+            round(beat.median / 1e6 / step_s, 6),
+        )
+    )
     # (1b)
     tr, cr = med([r["steps_per_s"] for r in e2e["torchrun"]]), med([r["steps_per_s"] for r in e2e["ckpt_run"]])
-    result.rows.append(Row("(1b) recipe steps/s under `ckpt run`, no saves (info)", cr.fmt(2, "steps/s"), f"plain torchrun {tr.fmt(2, 'steps/s')}", round(cr.median / tr.median, 3)))
+    result.rows.append(
+        Row(
+            "(1b) recipe steps/s under `ckpt run`, no saves (info)",
+            cr.fmt(2, "steps/s"),
+            f"plain torchrun {tr.fmt(2, 'steps/s')}",
+            round(cr.median / tr.median, 3),
+        )
+    )
     # (2)
-    for kind, bound, what in (("crash", CRASH_TARGET_S, "SIGKILL of a rank -> rank_exited"), ("hang", HANG_TARGET_S, "SIGSTOP of a rank -> hang")):
+    for kind, bound, what in (
+        ("crash", CRASH_TARGET_S, "SIGKILL of a rank -> rank_exited"),
+        ("hang", HANG_TARGET_S, "SIGSTOP of a rank -> hang"),
+    ):
         rs = trials[kind]["trials"]
         lat = [r["detection_s"] for r in rs if "detection_s" in r]
         missing = len(rs) - len(lat)
@@ -414,9 +497,20 @@ def report(micro: dict[str, Any], e2e: dict[str, list[dict[str, Any]]], trials: 
             st = Stats.of(lat)
             ok = st.max <= bound and not missing
             where = "one `ckpt run`, any phase" if kind == "crash" else "one `ckpt run`, inside training steps"
-            result.rows.append(Row(f"(2) {kind} detection: {what}, every trial", st.fmt(2, "s"), f"{len(rs)} trials in {where}" + (f"; {missing} not detected" if missing else ""), round(st.max / bound, 3), f"max <= {bound:g} s", ok))
+            result.rows.append(
+                Row(
+                    f"(2) {kind} detection: {what}, every trial",
+                    st.fmt(2, "s"),
+                    f"{len(rs)} trials in {where}" + (f"; {missing} not detected" if missing else ""),
+                    round(st.max / bound, 3),
+                    f"max <= {bound:g} s",
+                    ok,
+                )
+            )
         else:
-            result.rows.append(Row(f"(2) {kind} detection: {what}, every trial", "no detection", f"{len(rs)} trials", None, f"max <= {bound:g} s", False))
+            result.rows.append(
+                Row(f"(2) {kind} detection: {what}, every trial", "no detection", f"{len(rs)} trials", None, f"max <= {bound:g} s", False)
+            )
     # (3)
     alarms = sum(sum(r["alarms"].values()) for r in fa)
     with_alarm = sum(1 for r in fa if sum(r["alarms"].values()))
@@ -438,26 +532,57 @@ def report(micro: dict[str, Any], e2e: dict[str, list[dict[str, Any]]], trials: 
             result.rows.append(Row(f"(4) {kind}: failure -> first resumed step (info)", "no complete recovery", "-"))
             continue
         keys = ("detection_s", "teardown_restart_s", "load_s") if kind == "crash" else ("detection_s", "teardown_s", "restart_s", "load_s")
-        names = {"detection_s": "detection", "teardown_restart_s": "torchrun teardown + restart", "teardown_s": "teardown", "restart_s": "restart", "load_s": "load"}
+        names = {
+            "detection_s": "detection",
+            "teardown_restart_s": "torchrun teardown + restart",
+            "teardown_s": "teardown",
+            "restart_s": "restart",
+            "load_s": "load",
+        }
         split = " + ".join(f"{names[k]} {statistics.median(r[k] for r in rs):.2f}" for k in keys)
-        result.rows.append(Row(f"(4) {kind}: failure -> first resumed step (info)", Stats.of([r["total_s"] for r in rs]).fmt(2, "s"), f"medians: {split} s"))
+        result.rows.append(
+            Row(
+                f"(4) {kind}: failure -> first resumed step (info)", Stats.of([r["total_s"] for r in rs]).fmt(2, "s"), f"medians: {split} s"
+            )
+        )
     # notes
     stop_check = med(micro["stop_check_s"]).scaled(1e6)
-    result.notes.append(f"(1a) {micro['datagrams']} datagrams sent and received; maybe_save's stop_requested() check (a recv on the rank's empty socket) costs {stop_check.fmt(1, 'us')} more per step; the control all_reduce it also makes under ckpt run is in (1b) only")
-    cpu = {k: {name: statistics.median(r["cpu_ms_per_step"].get(name, float("nan")) for r in e2e[k]) for name in e2e[k][0]["cpu_ms_per_step"]} for k in e2e}
+    result.notes.append(
+        f"(1a) {micro['datagrams']} datagrams sent and received; maybe_save's stop_requested() check (a recv on the rank's empty socket) costs {stop_check.fmt(1, 'us')} more per step; the control all_reduce it also makes under ckpt run is in (1b) only"
+    )
+    cpu = {
+        k: {name: statistics.median(r["cpu_ms_per_step"].get(name, float("nan")) for r in e2e[k]) for name in e2e[k][0]["cpu_ms_per_step"]}
+        for k in e2e
+    }
     result.notes.append(
         f"(1b) median recipe step: plain torchrun {step_s * 1e3:.1f} ms, ckpt run {statistics.median([r['median_step_s'] for r in e2e['ckpt_run']]) * 1e3:.1f} ms (metrics-line intervals after {WARM_STEPS} steps); "
-        f"CPU per step of the processes beside the ranks (2 cores for 2 ranks): ckpt run: " + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu["ckpt_run"].items()) + "; plain torchrun: " + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu["torchrun"].items())
+        f"CPU per step of the processes beside the ranks (2 cores for 2 ranks): ckpt run: "
+        + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu["ckpt_run"].items())
+        + "; plain torchrun: "
+        + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu["torchrun"].items())
     )
     for kind in ("crash", "hang"):
         t = trials[kind]
         per = "; ".join(trial_note(kind, r) for r in t["trials"])
-        odd = "; ".join(f"{e['event']} (rank {e.get('rank', '-')}, phase {e.get('phase', '-')}, {e['after_failure_s']})" for e in t["unexpected"])
-        result.notes.append(f"(2) {kind} trials: {per}. Events in the run: {t['event_counts']}" + (f"; unexpected: {odd}" if odd else "") + f"; stopped with SIGTERM at the end: exit {t['stop_exit_code']}")
+        odd = "; ".join(
+            f"{e['event']} (rank {e.get('rank', '-')}, phase {e.get('phase', '-')}, {e['after_failure_s']})" for e in t["unexpected"]
+        )
+        result.notes.append(
+            f"(2) {kind} trials: {per}. Events in the run: {t['event_counts']}"
+            + (f"; unexpected: {odd}" if odd else "")
+            + f"; stopped with SIGTERM at the end: exit {t['stop_exit_code']}"
+        )
     ht = trials["hang"].get("timeouts") or {}
-    result.notes.append(f"(2) phase timeouts at the start of the hang run: {ht}: a hang during a checkpoint write or a data phase is detected only after those (not measured here)")
+    result.notes.append(
+        f"(2) phase timeouts at the start of the hang run: {ht}: a hang during a checkpoint write or a data phase is detected only after those (not measured here)"
+    )
     result.notes.append(f"(3) timeouts at start {fa[0]['timeouts']}; " + "; ".join(alarm_note(i, r) for i, r in enumerate(fa)))
-    result.details = {"micro": {k: (v if not isinstance(v, list) else [round(x, 9) for x in v[:50]]) for k, v in micro.items()}, "e2e": e2e, "trials": trials, "false_alarms": fa}
+    result.details = {
+        "micro": {k: (v if not isinstance(v, list) else [round(x, 9) for x in v[:50]]) for k, v in micro.items()},
+        "e2e": e2e,
+        "trials": trials,
+        "false_alarms": fa,
+    }
     return result
 
 

@@ -24,7 +24,19 @@ _EXPORTS = {
     "init_distributed": "ckpt_tool.training.distributed",
     "submit": "ckpt_tool.slurm.submit",
 }
-__all__ = ["__version__", "CheckpointConfig", "CheckpointManager", "ProbeSpec", "BatchConfig", "RetentionPolicy", "CkptError", "ExitCode", "heartbeat", "init_distributed", "submit"]
+__all__ = [
+    "__version__",
+    "CheckpointConfig",
+    "CheckpointManager",
+    "ProbeSpec",
+    "BatchConfig",
+    "RetentionPolicy",
+    "CkptError",
+    "ExitCode",
+    "heartbeat",
+    "init_distributed",
+    "submit",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,16 @@ from ckpt_tool.store.store import CheckpointStore, ValidationResult
 
 DirArg = typer.Argument(..., help="The checkpoint directory.", show_default=False)
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
-STATUS_STYLES = {"verified": "green", "validated": "green", "invalid": "red", "damaged": "red", "missing": "red", "quarantined": "red", "partial": "yellow", "deleting": "yellow"}
+STATUS_STYLES = {
+    "verified": "green",
+    "validated": "green",
+    "invalid": "red",
+    "damaged": "red",
+    "missing": "red",
+    "quarantined": "red",
+    "partial": "yellow",
+    "deleting": "yellow",
+}
 
 
 def open_checkpoints(directory: Path) -> CheckpointStore:
@@ -41,7 +50,11 @@ def resolve_step(store: CheckpointStore, step: int | None) -> int:
     if latest is None:
         raise CkptError(f"{store.root} has no LATEST checkpoint yet", "pass --step N, or see `ckpt list`", ExitCode.NOT_FOUND)
     if not store.step_path(latest).is_dir():
-        raise CkptError(f"LATEST in {store.root} names step {latest}, whose directory is missing", f"run `ckpt rollback {store.root} --auto` to point it at the newest valid checkpoint", ExitCode.FAILED)
+        raise CkptError(
+            f"LATEST in {store.root} names step {latest}, whose directory is missing",
+            f"run `ckpt rollback {store.root} --auto` to point it at the newest valid checkpoint",
+            ExitCode.FAILED,
+        )
     return latest
 
 
@@ -61,14 +74,24 @@ def list_checkpoints(
     if latest:
         step = store.read_latest()
         if step is None:
-            raise CkptError(f"{directory} has no committed checkpoint yet", "a training run writes LATEST at its first save", ExitCode.NOT_FOUND)
+            raise CkptError(
+                f"{directory} has no committed checkpoint yet", "a training run writes LATEST at its first save", ExitCode.NOT_FOUND
+            )
         if not (store.step_path(step) / layout.MANIFEST_NAME).is_file():
-            raise CkptError(f"LATEST in {directory} names step {step}, which is not a committed checkpoint (missing or damaged)", f"run `ckpt rollback {directory} --auto`", ExitCode.FAILED)
+            raise CkptError(
+                f"LATEST in {directory} names step {step}, which is not a committed checkpoint (missing or damaged)",
+                f"run `ckpt rollback {directory} --auto`",
+                ExitCode.FAILED,
+            )
         print_json({"step": step}) if as_json else print(step)
         return
     listing = store.listing()
     if not listing.rows:
-        raise CkptError(f"{directory} holds no checkpoint yet", "a training run writes its first one at its first save; see `ckpt history` for what happened", ExitCode.NOT_FOUND)
+        raise CkptError(
+            f"{directory} holds no checkpoint yet",
+            "a training run writes its first one at its first save; see `ckpt history` for what happened",
+            ExitCode.NOT_FOUND,
+        )
     if as_json:
         print_json(listing.to_json(str(store.root)))
         return
@@ -84,7 +107,10 @@ def list_checkpoints(
         Column("validated", "last_validated", terminal=when_short, full=when),
         Column("path", on_terminal=False),
     ]
-    rows = [(r.step, r.status, r.latest, r.committed_at, r.bytes, r.world_size, r.global_batch, r.probe_loss, r.last_validated, r.path) for r in listing.rows]
+    rows = [
+        (r.step, r.status, r.latest, r.committed_at, r.bytes, r.world_size, r.global_batch, r.probe_loss, r.last_validated, r.path)
+        for r in listing.rows
+    ]
     print_table(columns, rows, title=f"checkpoints in {directory}")
     if listing.latest_problem:
         err.print(f"[bold red]LATEST:[/] {escape(listing.latest_problem)}")
@@ -127,7 +153,15 @@ def validate(
             pass
     results: list[ValidationResult] = []
     notes: list[str] = []
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err, disable=as_json, transient=True) as progress:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        disable=as_json,
+        transient=True,
+    ) as progress:
         task = progress.add_task("hashing", total=total or None)
         for s in steps:
             progress.update(task, description=f"step {s}")
@@ -139,7 +173,9 @@ def validate(
     damaged = [r.step for r in results if r.problems]
     unreadable = [r for r in results if r.unreadable and not r.problems]
     if as_json:
-        print_json({"directory": str(store.root), "ok": all(r.ok for r in results), "steps": [_problems_json(r) for r in results], "notes": notes})
+        print_json(
+            {"directory": str(store.root), "ok": all(r.ok for r in results), "steps": [_problems_json(r) for r in results], "notes": notes}
+        )
     else:
         for r in results:
             if r.ok:
@@ -147,9 +183,14 @@ def validate(
                 out.print(f"[green]step {r.step}: valid[/] ({files} files, {size(r.manifest.total_bytes if r.manifest else 0)})")
             elif r.problems:
                 out.print(f"[bold red]step {r.step}: {len(r.problems)} problem(s)[/]")
-                print_table([Column("file"), Column("problem"), Column("expected"), Column("found")], [(p.file, p.what, p.expected, p.found) for p in r.problems])
+                print_table(
+                    [Column("file"), Column("problem"), Column("expected"), Column("found")],
+                    [(p.file, p.what, p.expected, p.found) for p in r.problems],
+                )
             if r.unreadable:
-                out.print(f"[yellow]step {r.step}: {len(r.unreadable)} file(s) not readable by this user, not checked:[/] {escape(', '.join(r.unreadable))}")
+                out.print(
+                    f"[yellow]step {r.step}: {len(r.unreadable)} file(s) not readable by this user, not checked:[/] {escape(', '.join(r.unreadable))}"
+                )
         for text in notes:
             note(text)
         if damaged:
@@ -169,8 +210,15 @@ def validate(
 def verify(
     directory: Path = DirArg,
     step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Verify this step (default: the one LATEST names)."),
-    entry: str | None = typer.Option(None, "--entry", help="module:function returning (model, loss_fn); default: the manifest's, then [tool.ckpt] entry_point."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks: >1 runs the check under torchrun (FSDP-sharded load). The saved world size gives a bit-exact check."),
+    entry: str | None = typer.Option(
+        None, "--entry", help="module:function returning (model, loss_fn); default: the manifest's, then [tool.ckpt] entry_point."
+    ),
+    nproc: int = typer.Option(
+        1,
+        "--nproc",
+        min=1,
+        help="Ranks: >1 runs the check under torchrun (FSDP-sharded load). The saved world size gives a bit-exact check.",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Load the checkpoint into the model and recompute: step counter, probe loss, LR, gradient norm."""
@@ -197,7 +245,13 @@ def verify(
         if report["reproduce"]:
             out.print(f"for a bit-exact check, reproduce the save: {escape(_reproduce_command(directory, step, report['reproduce']))}")
         print_table(
-            [Column("check"), Column("recorded"), Column("measured"), Column("compared"), Column("result", styles={"pass": "green", "FAIL": "red"})],
+            [
+                Column("check"),
+                Column("recorded"),
+                Column("measured"),
+                Column("compared"),
+                Column("result", styles={"pass": "green", "FAIL": "red"}),
+            ],
             [(c["name"], c["recorded"], c["measured"], c["how"], "pass" if c["ok"] else "FAIL") for c in report["checks"]],
         )
         note(recorded)
@@ -219,10 +273,24 @@ def _run_entry(module: str, nproc: int, args: list[str], what: str) -> dict[str,
     or its error with its exit code, which is raised here with the same message and code."""
     with tempfile.TemporaryDirectory() as tmp:
         result_path = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, str(result_path), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            module,
+            str(result_path),
+            *args,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if not result_path.exists():
-            raise CkptError(f"{what} under torchrun failed (exit {proc.returncode}) before it could report: {proc.stderr.strip()[-1500:]}", "run with --debug, or with one rank, to see the error directly", ExitCode.FAILED)
+            raise CkptError(
+                f"{what} under torchrun failed (exit {proc.returncode}) before it could report: {proc.stderr.strip()[-1500:]}",
+                "run with --debug, or with one rank, to see the error directly",
+                ExitCode.FAILED,
+            )
         result = json.loads(result_path.read_text())
     if "error" in result:
         raise CkptError(result["error"], result.get("hint", ""), int(result.get("exit_code", ExitCode.FAILED)))
@@ -254,7 +322,12 @@ def rollback(
         return
     if report.attempts:
         print_table(
-            [Column("step"), Column("valid", styles={"yes": "green", "no": "red"}), Column("verified", styles={"yes": "green", "no": "red"}), Column("problems")],
+            [
+                Column("step"),
+                Column("valid", styles={"yes": "green", "no": "red"}),
+                Column("verified", styles={"yes": "green", "no": "red"}),
+                Column("problems"),
+            ],
             [(a.step, a.valid, a.verified, "; ".join(a.problems[:3]) or "-") for a in report.attempts],
             title="checkpoints tried",
         )
@@ -267,7 +340,9 @@ def rollback(
     else:
         out.print(f"{'would move' if dry_run else 'moved'} LATEST from step {report.previous_latest} to step {report.target}")
     if report.quarantined:
-        out.print(f"{'would quarantine' if dry_run else 'quarantined'} steps {human(list(report.quarantined))} into {escape(str(directory / layout.QUARANTINE_NAME))}")
+        out.print(
+            f"{'would quarantine' if dry_run else 'quarantined'} steps {human(list(report.quarantined))} into {escape(str(directory / layout.QUARANTINE_NAME))}"
+        )
     for text in report.notes:
         note(text)
 
@@ -275,7 +350,9 @@ def rollback(
 # --------------------------------------------------------------------------- prune
 def prune(
     directory: Path = DirArg,
-    keep_last: int = typer.Option(..., min=1, help="Keep the newest K checkpoints not known to be damaged (required: deleting has no default)."),
+    keep_last: int = typer.Option(
+        ..., min=1, help="Keep the newest K checkpoints not known to be damaged (required: deleting has no default)."
+    ),
     keep_every: int | None = typer.Option(None, min=1, help="Also keep every step divisible by M."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted; delete nothing."),
     as_json: bool = JsonOpt,
@@ -303,7 +380,14 @@ def prune(
 
     victims = store.apply_retention(RetentionPolicy(keep_last, keep_every), dry_run=dry_run, confirm=confirm)
     if as_json:
-        print_json({"dry_run": dry_run, "deleted": [] if dry_run else victims, "would_delete": victims if dry_run else [], "notes": [n for n in notes if n]})
+        print_json(
+            {
+                "dry_run": dry_run,
+                "deleted": [] if dry_run else victims,
+                "would_delete": victims if dry_run else [],
+                "notes": [n for n in notes if n],
+            }
+        )
         return
     if not victims:
         out.print("nothing to delete")
@@ -318,18 +402,28 @@ def _check_out_dir(source: Path, out_dir: Path) -> None:
     """--out must be a new (or empty) directory apart from the source."""
     src, dst = source.resolve(), out_dir.resolve()
     if dst == src or src in dst.parents or dst in src.parents:
-        raise CkptError(f"--out {out_dir} is the source directory {source} or overlaps it", "write the resharded copy to a new directory outside the source, e.g. --out ckpts-48", ExitCode.USAGE)
+        raise CkptError(
+            f"--out {out_dir} is the source directory {source} or overlaps it",
+            "write the resharded copy to a new directory outside the source, e.g. --out ckpts-48",
+            ExitCode.USAGE,
+        )
     if dst.exists() and not dst.is_dir():
         raise CkptError(f"--out {out_dir} is a file", "give --out a new directory for the resharded copy", ExitCode.USAGE)
     if dst.is_dir() and os.listdir(dst):
-        raise CkptError(f"--out {out_dir} is not empty", "give --out a new (or empty) directory: a resharded copy never mixes with other checkpoints", ExitCode.USAGE)
+        raise CkptError(
+            f"--out {out_dir} is not empty",
+            "give --out a new (or empty) directory: a resharded copy never mixes with other checkpoints",
+            ExitCode.USAGE,
+        )
 
 
 def reshard(
     directory: Path = DirArg,
     world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of data-parallel ranks."),
     step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Default: the step LATEST names."),
-    micro_batch: int | None = typer.Option(None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."),
+    micro_batch: int | None = typer.Option(
+        None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."
+    ),
     in_place: bool = typer.Option(False, "--in-place", help="Record the plan in the checkpoint's manifest lineage (used at resume)."),
     out_dir: Path | None = typer.Option(None, "--out", help="Also write a copy laid out for the new world size into this new directory."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
@@ -347,19 +441,38 @@ def reshard(
     if in_place and not dry_run:
         record_plan(store, report)
     if out_dir is not None and not dry_run:
-        _run_entry("ckpt_tool.entrypoints.reshard", world_size, [str(directory), str(report.step), str(out_dir), *([str(micro_batch)] if micro_batch else [])], "writing the resharded copy")
+        _run_entry(
+            "ckpt_tool.entrypoints.reshard",
+            world_size,
+            [str(directory), str(report.step), str(out_dir), *([str(micro_batch)] if micro_batch else [])],
+            "writing the resharded copy",
+        )
     if as_json:
-        print_json(report.to_json() | {"dry_run": dry_run, "recorded": in_place and not dry_run, "out": None if out_dir is None or dry_run else str(out_dir)})
+        print_json(
+            report.to_json()
+            | {"dry_run": dry_run, "recorded": in_place and not dry_run, "out": None if out_dir is None or dry_run else str(out_dir)}
+        )
         return
     plan = report.plan.to_json()
     print_table(
-        [Column(""), Column("world size", justify="right"), Column("micro-batch", justify="right"), Column("grad accumulation", justify="right"), Column("global batch", justify="right")],
-        [(name, w, b["micro_batch"], b["grad_accum"], b["global_batch"]) for name, b, w in (("old", plan["old"], report.old_world_size), ("new", plan["new"], report.new_world_size))],
+        [
+            Column(""),
+            Column("world size", justify="right"),
+            Column("micro-batch", justify="right"),
+            Column("grad accumulation", justify="right"),
+            Column("global batch", justify="right"),
+        ],
+        [
+            (name, w, b["micro_batch"], b["grad_accum"], b["global_batch"])
+            for name, b, w in (("old", plan["old"], report.old_world_size), ("new", plan["new"], report.new_world_size))
+        ],
         title=f"reshard step {report.step}: {report.old_world_size} -> {report.new_world_size} ranks",
     )
     out.print(f"data position (global, unchanged): {escape(human(report.data_position))}")
     if out_dir is not None and not dry_run:
-        out.print(f"wrote step {report.step} laid out for {world_size} ranks to {escape(str(out_dir))}; resume there with {world_size} ranks")
+        out.print(
+            f"wrote step {report.step} laid out for {world_size} ranks to {escape(str(out_dir))}; resume there with {world_size} ranks"
+        )
     elif in_place and not dry_run:
         out.print("recorded in the manifest's lineage: resume the job at the new size")
     else:

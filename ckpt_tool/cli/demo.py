@@ -46,7 +46,9 @@ def _launch(root: Path, name: str, nproc: int, steps: int, save_every: int, *ext
 def _run_demo(root: Path, nproc: int, steps: int, save_every: int, crash_at: int, async_save: bool) -> None:
     mode = ("--async-save",) if async_save else ()
     console.rule("[bold]ckpt-tool demo: crash and exact recovery")
-    console.print(f"tiny GPT, {nproc} ranks (torchrun, gloo, FSDP2 on CPU), {steps} steps, {'async' if async_save else 'sync'} checkpoint every {save_every} steps")
+    console.print(
+        f"tiny GPT, {nproc} ranks (torchrun, gloo, FSDP2 on CPU), {steps} steps, {'async' if async_save else 'sync'} checkpoint every {save_every} steps"
+    )
     with console.status("1/3 uninterrupted reference run..."):
         code, _, ref_metrics = _launch(root, "reference", nproc, steps, save_every, *mode)
     _check(code, root / "reference" / "log.txt")
@@ -68,7 +70,11 @@ def _run_demo(root: Path, nproc: int, steps: int, save_every: int, crash_at: int
     comparison = compare_runs(reference, resumed)
     _print_table(reference, resumed, latest or 0, crash_at)
     if not comparison.identical:
-        raise CkptError(f"{len(comparison.mismatches)} metric lines differ from the uninterrupted run", "see the table above; please report this", ExitCode.FAILED)
+        raise CkptError(
+            f"{len(comparison.mismatches)} metric lines differ from the uninterrupted run",
+            "see the table above; please report this",
+            ExitCode.FAILED,
+        )
     console.print(
         f"[bold green]bit-identical:[/] all {comparison.lines_compared} metric lines of the crashed-and-resumed run "
         f"({comparison.steps_compared} steps, {comparison.lines_compared - comparison.steps_compared} re-run after the crash) "
@@ -79,7 +85,9 @@ def _run_demo(root: Path, nproc: int, steps: int, save_every: int, crash_at: int
 def _check(code: int, log: Path) -> None:
     if code != 0:
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-        raise CkptError(f"a demo run failed with exit code {code}:\n{tail}", f"the full log is {log} (pass --work-dir to keep it)", ExitCode.FAILED)
+        raise CkptError(
+            f"a demo run failed with exit code {code}:\n{tail}", f"the full log is {log} (pass --work-dir to keep it)", ExitCode.FAILED
+        )
 
 
 def _print_table(reference, resumed, latest: int, crash_at: int) -> None:
@@ -90,7 +98,12 @@ def _print_table(reference, resumed, latest: int, crash_at: int) -> None:
         r, c = ref[step], last_seen.get(step)
         rows.append((step, repr(r.loss), repr(c.loss) if c else "-", "yes" if c == r else "NO"))
     print_table(
-        [Column("step", justify="right"), Column("reference loss", justify="right"), Column("after crash + resume", justify="right"), Column("loss, lr, grad norm same bits", "same_bits", justify="right", styles={"yes": "green", "NO": "red"})],
+        [
+            Column("step", justify="right"),
+            Column("reference loss", justify="right"),
+            Column("after crash + resume", justify="right"),
+            Column("loss, lr, grad norm same bits", "same_bits", justify="right", styles={"yes": "green", "NO": "red"}),
+        ],
         rows,
         title=f"steps around the crash (resumed from checkpoint {latest})",
     )

@@ -33,7 +33,11 @@ def _parse_timeouts(values: list[str]) -> dict[str, float]:
         except ValueError:
             number = -1.0
         if not sep or phase not in PHASES or number <= 0:
-            raise CkptError(f"--timeout {value!r} is not PHASE=SECONDS with a positive number", f"phases: {', '.join(PHASES)}; e.g. --timeout step=30", ExitCode.USAGE)
+            raise CkptError(
+                f"--timeout {value!r} is not PHASE=SECONDS with a positive number",
+                f"phases: {', '.join(PHASES)}; e.g. --timeout step=30",
+                ExitCode.USAGE,
+            )
         out[phase] = number
     return out
 
@@ -58,14 +62,18 @@ def _human_event(record: dict[str, Any]) -> str:
 
 
 def run(
-    command: list[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
+    command: list[str] = typer.Argument(
+        ..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False
+    ),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Ranks on this node."),
     nnodes: str = typer.Option("1", "--nnodes", help="Nodes, or MIN:MAX (torchrun syntax)."),
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node)."),
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Rendezvous id (the SLURM job id under `ckpt submit`)."),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts in the same allocation after a crash or hang."),
     crash_loop: int = typer.Option(3, "--crash-loop", min=1, help="Stop after this many failures in a row without a new checkpoint."),
-    ckpt_dir: Path | None = typer.Option(None, "--ckpt-dir", help="The checkpoint directory: exported to the ranks as CKPT_DIR; events go to CKPT_DIR/run."),
+    ckpt_dir: Path | None = typer.Option(
+        None, "--ckpt-dir", help="The checkpoint directory: exported to the ranks as CKPT_DIR; events go to CKPT_DIR/run."
+    ),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Event log and calibrated timeouts (default: CKPT_DIR/run)."),
     timeout: list[str] = typer.Option([], "--timeout", help="Override a phase timeout: PHASE=SECONDS (repeatable)."),
     grace: float = typer.Option(5.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL when tearing ranks down."),
@@ -104,7 +112,9 @@ def run(
         code = Watchdog(cfg, report=lambda record: print(json.dumps(record, default=str), flush=True)).run()
     elif err.is_terminal:
         with Live(console=err, refresh_per_second=2, transient=True) as live:
-            code = Watchdog(cfg, report=lambda record: live.console.print(escape(_human_event(record))), status=lambda s: live.update(_status_line(s))).run()
+            code = Watchdog(
+                cfg, report=lambda record: live.console.print(escape(_human_event(record))), status=lambda s: live.update(_status_line(s))
+            ).run()
     else:
         code = Watchdog(cfg, report=lambda record: print(_human_event(record), file=sys.stderr, flush=True)).run()
     raise typer.Exit(code)
@@ -127,12 +137,18 @@ def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def submit(
-    command: list[str] = typer.Argument(..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False),
-    ckpt_dir: Path = typer.Option(..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem; exported to the training as CKPT_DIR."),
+    command: list[str] = typer.Argument(
+        ..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False
+    ),
+    ckpt_dir: Path = typer.Option(
+        ..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem; exported to the training as CKPT_DIR."
+    ),
     nodes: int = typer.Option(1, "--nodes", min=1),
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0, help="GPUs per node (also the ranks per node unless --nproc-per-node)."),
     nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (CPU runs)."),
-    cpus_per_task: int | None = typer.Option(None, "--cpus-per-task", min=1, help="CPUs for each node's task, which runs all its ranks (default: one per rank)."),
+    cpus_per_task: int | None = typer.Option(
+        None, "--cpus-per-task", min=1, help="CPUs for each node's task, which runs all its ranks (default: one per rank)."
+    ),
     mem: str | None = typer.Option(None, "--mem", help="Memory per node, SLURM syntax (e.g. 200G)."),
     time_limit: str | None = typer.Option(None, "--time", help="SLURM time limit, e.g. 24:00:00."),
     partition: str | None = typer.Option(None, "--partition"),
@@ -140,7 +156,9 @@ def submit(
     qos: str | None = typer.Option(None, "--qos"),
     constraint: str | None = typer.Option(None, "--constraint", help="Node features, SLURM syntax (e.g. 'a100&ib')."),
     job_name: str = typer.Option("ckpt-train", "--job-name"),
-    signal_lead: int | None = typer.Option(None, "--signal-lead", min=30, help="Seconds before the limit to checkpoint (default: from the last measured checkpoint time)."),
+    signal_lead: int | None = typer.Option(
+        None, "--signal-lead", min=30, help="Seconds before the limit to checkpoint (default: from the last measured checkpoint time)."
+    ),
     max_requeues: int = typer.Option(10, "--max-requeues", min=0),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts inside one allocation (ckpt run)."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Event log, scripts and job output (default: CKPT_DIR/run)."),
@@ -177,7 +195,9 @@ def submit(
     )
     if dry_run:
         text = chain.dry_run(spec, script)
-        print_json({"dry_run": True, "script": text, "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir}) if as_json else sys.stdout.write(text)
+        print_json({"dry_run": True, "script": text, "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir}) if as_json else sys.stdout.write(
+            text
+        )
         return
     path = chain.write_script(spec, script)
     job_id = sbatch(str(path))
@@ -186,7 +206,9 @@ def submit(
         print_json({"dry_run": False, "job_id": job_id, "script": str(path), "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir})
         return
     print(job_id)
-    err.print(f"submitted job [bold]{job_id}[/] ({escape(str(path))})\n  follow: ckpt status {escape(spec.ckpt_dir)}   squeue -j {job_id}\n  history: ckpt history {escape(spec.ckpt_dir)}")
+    err.print(
+        f"submitted job [bold]{job_id}[/] ({escape(str(path))})\n  follow: ckpt status {escape(spec.ckpt_dir)}   squeue -j {job_id}\n  history: ckpt history {escape(spec.ckpt_dir)}"
+    )
 
 
 def recover(
@@ -208,7 +230,9 @@ def recover(
         out.print(f"fresh start: no checkpoint in {escape(str(ckpt_dir))} yet")
         return
     if decision.rolled_back_from is not None or decision.quarantined:
-        out.print(f"[yellow]rolled back[/] from {human(decision.rolled_back_from)} to step {decision.step}; quarantined {human(list(decision.quarantined))}")
+        out.print(
+            f"[yellow]rolled back[/] from {human(decision.rolled_back_from)} to step {decision.step}; quarantined {human(list(decision.quarantined))}"
+        )
     out.print(f"resume from step {decision.step} (saved by {decision.saved_world_size} ranks; checked in {decision.seconds:.2f} s)")
     if decision.reshard is not None:
         old, new = decision.reshard["old"], decision.reshard["new"]  # type: ignore[index]
@@ -243,9 +267,15 @@ def _locate(target: Path) -> tuple[Path, Path | None]:
     """(run directory, checkpoint directory or None) from either: a checkpoint directory's run
     directory is ``CKPT_DIR/run``; a run directory's checkpoint directory is its parent."""
     if not target.exists():
-        raise CkptError(f"{target} does not exist", "pass the --ckpt-dir of the run (or its run/ directory), or a job id", ExitCode.NOT_FOUND)
+        raise CkptError(
+            f"{target} does not exist", "pass the --ckpt-dir of the run (or its run/ directory), or a job id", ExitCode.NOT_FOUND
+        )
     if not target.is_dir():
-        raise CkptError(f"{target} is a file, not a checkpoint or run directory", "pass the --ckpt-dir of the run (or its run/ directory), or a job id", ExitCode.USAGE)
+        raise CkptError(
+            f"{target} is a file, not a checkpoint or run directory",
+            "pass the --ckpt-dir of the run (or its run/ directory), or a job id",
+            ExitCode.USAGE,
+        )
     if (target / "events.jsonl").exists() or (target.name == RUN_DIR_NAME and not (target / RUN_DIR_NAME).exists()):
         parent = target.parent
         return target, parent if (parent / "LATEST").exists() or (parent / "index.jsonl").exists() else None
@@ -289,7 +319,11 @@ def status(
                     notes.append(f"newest checkpoint: {exc.message}")
     state = job_state(job_id) if job_id else None
     if target.isdigit() and state is None:
-        raise CkptError(f"SLURM knows no job {target}", "it may have ended before MinJobAge (`sacct -c` keeps finished jobs only with jobcomp): pass the --ckpt-dir of the run instead", ExitCode.NOT_FOUND)
+        raise CkptError(
+            f"SLURM knows no job {target}",
+            "it may have ended before MinJobAge (`sacct -c` keeps finished jobs only with jobcomp): pass the --ckpt-dir of the run instead",
+            ExitCode.NOT_FOUND,
+        )
     report["job_id"] = job_id
     report["job_state"] = state.state if state else None
     report["slurm_restarts"] = state.restarts if state else None
@@ -297,17 +331,26 @@ def status(
     report["starts"] = sum(1 for e in job_events if e["event"] == "job_start")
     report["requeues"] = sum(1 for e in events if e["event"] == "requeue")
     report["in_allocation_restarts"] = sum(1 for e in events if e["event"] == "restarted")
-    finals = [e["event"] for e in events if e["event"] in ("job_finished", "job_failed", "cancelled", "max_requeues_reached", "requeue_failed", "crash_loop", "fatal")]
+    finals = [
+        e["event"]
+        for e in events
+        if e["event"] in ("job_finished", "job_failed", "cancelled", "max_requeues_reached", "requeue_failed", "crash_loop", "fatal")
+    ]
     report["final"] = finals[-1] if finals else None
     report["last_events"] = events[-8:]
     report["notes"] = notes
     if as_json:
         print_json(report)
         return
-    out.print(f"job [bold]{escape(report['job_id'] or '-')}[/]: {escape(report['job_state'] or 'unknown')}  starts {report['starts']}  requeues {report['requeues']}  restarts in allocation {report['in_allocation_restarts']}")
+    out.print(
+        f"job [bold]{escape(report['job_id'] or '-')}[/]: {escape(report['job_state'] or 'unknown')}  starts {report['starts']}  requeues {report['requeues']}  restarts in allocation {report['in_allocation_restarts']}"
+    )
     if "newest_checkpoint" in report:
         age = report.get("checkpoint_age_s")
-        out.print(f"newest checkpoint: {'step ' + str(report['newest_checkpoint']) if report['newest_checkpoint'] is not None else 'none yet'}" + (f" ({age:.0f} s old)" if age is not None else ""))
+        out.print(
+            f"newest checkpoint: {'step ' + str(report['newest_checkpoint']) if report['newest_checkpoint'] is not None else 'none yet'}"
+            + (f" ({age:.0f} s old)" if age is not None else "")
+        )
     if report["final"]:
         out.print(f"final state: [bold]{report['final']}[/]")
     for e in report["last_events"]:
@@ -342,9 +385,29 @@ def history(
     if as_json:
         print_json({"events": timeline, "notes": notes})
         return
-    styles = {"hang": "red", "rank_exited": "red", "quarantine": "red", "crash_loop": "red", "fatal": "red", "job_failed": "red", "requeue": "yellow", "restarted": "yellow", "rollback": "yellow", "commit": "green"}
+    styles = {
+        "hang": "red",
+        "rank_exited": "red",
+        "quarantine": "red",
+        "crash_loop": "red",
+        "fatal": "red",
+        "job_failed": "red",
+        "requeue": "yellow",
+        "restarted": "yellow",
+        "rollback": "yellow",
+        "commit": "green",
+    }
     print_table(
-        [Column("time", terminal=lambda t: time.strftime("%m-%d %H:%M:%S", time.localtime(t)), full=lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))), Column("source"), Column("event", styles=styles), Column("details", terminal=lambda d: shorten(d, 120), full=str)],
+        [
+            Column(
+                "time",
+                terminal=lambda t: time.strftime("%m-%d %H:%M:%S", time.localtime(t)),
+                full=lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)),
+            ),
+            Column("source"),
+            Column("event", styles=styles),
+            Column("details", terminal=lambda d: shorten(d, 120), full=str),
+        ],
         [(e["time"], e["source"], e["event"], _details(e)) for e in timeline],
         title=f"history of {target}",
     )

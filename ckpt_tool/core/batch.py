@@ -37,7 +37,11 @@ def resolve_batch(dp_size: int, micro_batch: int | None, grad_accum: int | None,
     if micro_batch is not None and grad_accum is not None:
         product = micro_batch * grad_accum * dp_size
         if product != global_batch:
-            raise CkptError(f"micro-batch {micro_batch} x grad accumulation {grad_accum} x {dp_size} ranks = {product}, not the global batch {global_batch}", hint, ExitCode.USAGE)
+            raise CkptError(
+                f"micro-batch {micro_batch} x grad accumulation {grad_accum} x {dp_size} ranks = {product}, not the global batch {global_batch}",
+                hint,
+                ExitCode.USAGE,
+            )
         return BatchConfig(micro_batch, grad_accum, dp_size)
     if micro_batch is None:
         grad_accum = grad_accum or 1

@@ -40,8 +40,4 @@ REPRODUCE: dict[str, str] = {
 def how_to_reproduce(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """The options or settings that make a re-run match the save where it differs, e.g.
     ``["--nproc 2", "OMP_NUM_THREADS=1"]`` (dtype and device come from the model's own code)."""
-    return [
-        REPRODUCE[key].format(saved=saved[key])
-        for key in REPRODUCE
-        if key in saved and key in current and saved[key] != current[key]
-    ]
+    return [REPRODUCE[key].format(saved=saved[key]) for key in REPRODUCE if key in saved and key in current and saved[key] != current[key]]

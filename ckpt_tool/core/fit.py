@@ -18,13 +18,19 @@ def fit_problems(wanted: Mapping[str, Shape], saved: Mapping[str, Shape], limit:
     tensor where the checkpoint holds plain data (or the reverse). At most ``limit`` of each
     kind are named, with a count of the rest."""
     missing = sorted(k for k in wanted if k not in saved)
-    shapes = sorted(k for k in wanted if k in saved and _kind(wanted[k]) == _kind(saved[k]) == "tensor" and tuple(wanted[k]) != tuple(saved[k]))  # type: ignore[arg-type]
+    shapes = sorted(
+        k for k in wanted if k in saved and _kind(wanted[k]) == _kind(saved[k]) == "tensor" and tuple(wanted[k]) != tuple(saved[k])
+    )  # type: ignore[arg-type]
     kinds = sorted(k for k in wanted if k in saved and _kind(wanted[k]) != _kind(saved[k]))
     problems = []
     if missing:
         problems.append(f"{len(missing)} entries the run needs are not in the checkpoint: {_names(missing, limit)}")
     if shapes:
-        problems.append(f"{len(shapes)} tensors have another shape: " + ", ".join(f"{k} {list(wanted[k])} (saved {list(saved[k])})" for k in shapes[:limit]) + (", ..." if len(shapes) > limit else ""))  # type: ignore[arg-type]
+        problems.append(
+            f"{len(shapes)} tensors have another shape: "
+            + ", ".join(f"{k} {list(wanted[k])} (saved {list(saved[k])})" for k in shapes[:limit])
+            + (", ..." if len(shapes) > limit else "")
+        )  # type: ignore[arg-type]
     if kinds:
         problems.append(f"{len(kinds)} entries are a tensor on one side and plain data on the other: {_names(kinds, limit)}")
     return problems

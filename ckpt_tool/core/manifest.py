@@ -32,8 +32,7 @@ def check_file_name(name: object) -> str:
         return name
     if not isinstance(name, str) or not _SAFE_NAME.match(name) or name == MANIFEST_NAME:
         raise ValueError(
-            f"unsafe or invalid file name in manifest: {str(name)[:80]!r} "
-            "(only plain names inside the checkpoint directory are allowed)"
+            f"unsafe or invalid file name in manifest: {str(name)[:80]!r} (only plain names inside the checkpoint directory are allowed)"
         )
     return name
 
@@ -176,7 +175,9 @@ def _parse(data: object) -> Manifest:
     probe = None
     if data.get("probe") is not None:
         p = _dict(data["probe"], "probe")
-        probe = Probe(_num(p["loss"], "probe.loss"), _num(p["grad_norm"], "probe.grad_norm"), _num(p["lr"], "probe.lr"), _int(p["step"], "probe.step"))
+        probe = Probe(
+            _num(p["loss"], "probe.loss"), _num(p["grad_norm"], "probe.grad_norm"), _num(p["lr"], "probe.lr"), _int(p["step"], "probe.step")
+        )
     lineage = data.get("lineage", [])
     if not isinstance(lineage, list):
         raise TypeError("field 'lineage' must be a list")

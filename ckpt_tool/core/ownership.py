@@ -52,7 +52,9 @@ class OwnershipDecision:
     reason: str
 
 
-def decide(current: Owner | None, me: Owner, now: float, stale_after_s: float, pid_alive: bool | None, take_over: bool) -> OwnershipDecision:
+def decide(
+    current: Owner | None, me: Owner, now: float, stale_after_s: float, pid_alive: bool | None, take_over: bool
+) -> OwnershipDecision:
     """``pid_alive``: whether the owner's pid is alive, when the owner is on this host (else None)."""
     if current is None:
         return OwnershipDecision(True, "no owner")

@@ -46,7 +46,9 @@ def _compare(name: str, recorded: float, measured: float | None, exact: bool) ->
     return Check(name, recorded, measured, ok, f"rel {tol:g}")
 
 
-def probe_checks(recorded: Probe, manifest_step: int, state_step: int | None, lr: float | None, measured: Probe, exact: bool) -> list[Check]:
+def probe_checks(
+    recorded: Probe, manifest_step: int, state_step: int | None, lr: float | None, measured: Probe, exact: bool
+) -> list[Check]:
     return [
         Check("step", manifest_step, state_step, state_step == manifest_step == recorded.step, "exact"),
         _compare("loss", recorded.loss, measured.loss, exact),

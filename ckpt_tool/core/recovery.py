@@ -11,7 +11,6 @@ def fallback_step(committed: Iterable[int], below: int | None) -> int | None:
     return max(candidates) if candidates else None
 
 
-
 def steps_to_quarantine_on_rollback(committed: Iterable[int], latest: int | None, target: int) -> list[int]:
     """Rolling back to ``target`` quarantines every committed step after it up to LATEST
     (all of them when LATEST is unknown): they are what the user judged bad."""

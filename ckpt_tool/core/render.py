@@ -66,9 +66,17 @@ class JobSpec:
         for name in ("partition", "account", "qos", "job_name", "mem"):
             value = getattr(self, name)
             if value is not None and not _DIRECTIVE_VALUE.match(value):
-                raise CkptError(f"--{name.replace('_', '-')} {value!r} holds characters SLURM would misread", "use letters, digits and . _ - , : = + @ % / [ ]", ExitCode.USAGE)
+                raise CkptError(
+                    f"--{name.replace('_', '-')} {value!r} holds characters SLURM would misread",
+                    "use letters, digits and . _ - , : = + @ % / [ ]",
+                    ExitCode.USAGE,
+                )
         if self.constraint is not None and not _CONSTRAINT_VALUE.match(self.constraint):
-            raise CkptError(f"--constraint {self.constraint!r} holds characters SLURM would misread", "features with & | [ ] * ( ) !, letters, digits and . _ - , : = + @ % /, no spaces; e.g. --constraint 'a100&ib'", ExitCode.USAGE)
+            raise CkptError(
+                f"--constraint {self.constraint!r} holds characters SLURM would misread",
+                "features with & | [ ] * ( ) !, letters, digits and . _ - , : = + @ % /, no spaces; e.g. --constraint 'a100&ib'",
+                ExitCode.USAGE,
+            )
         if self.cpus_per_task is not None and self.cpus_per_task < 1:
             raise CkptError("--cpus-per-task must be >= 1", "see `ckpt submit --help`", ExitCode.USAGE)
         for key, _ in self.env:

@@ -54,7 +54,13 @@ def plan_batch(old: BatchConfig, new_dp: int, micro_batch: int | None = None, pr
     g = old.global_batch
     if g % new_dp:
         divisors = _divisors(g)
-        near_sizes = sorted({d for d in (max((d for d in divisors if d < new_dp), default=None), min((d for d in divisors if d > new_dp), default=None)) if d})
+        near_sizes = sorted(
+            {
+                d
+                for d in (max((d for d in divisors if d < new_dp), default=None), min((d for d in divisors if d > new_dp), default=None))
+                if d
+            }
+        )
         multiples = sorted({m for m in ((g // new_dp) * new_dp, (g // new_dp + 1) * new_dp) if m > 0})
         raise CkptError(
             f"global batch {g} cannot be split over {new_dp} data-parallel ranks ({g} is not divisible by {new_dp})",

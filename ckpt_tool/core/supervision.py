@@ -50,6 +50,7 @@ def find_hangs(last_beats: Iterable[Beat], timeouts: Mapping[str, float], now: f
     ``step`` is caught in seconds even when its peers went on into the next ``checkpoint`` and
     wait there. Returns every rank, culprit first, or an empty list.
     """
+
     def allowance(b: Beat) -> float:
         return timeouts.get(b.phase, timeouts.get("step", 60.0))
 

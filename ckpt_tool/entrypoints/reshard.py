@@ -49,7 +49,11 @@ def _targets(metadata: Any, mesh: Any) -> dict[str, Any]:
         if isinstance(md, TensorStorageMetadata):
             sharded = len(md.size) >= 1 and (key.startswith(("model.", "optim.state.")))
             dtype = md.properties.dtype
-            value = dtensor_empty(tuple(md.size), dtype=dtype, device_mesh=mesh, placements=[Shard(0)]) if sharded else torch.empty(tuple(md.size), dtype=dtype)
+            value = (
+                dtensor_empty(tuple(md.size), dtype=dtype, device_mesh=mesh, placements=[Shard(0)])
+                if sharded
+                else torch.empty(tuple(md.size), dtype=dtype)
+            )
         else:
             value = None  # a non-tensor entry (optimizer hyper-parameters): loaded as plain data
         set_element(state, path, value)
@@ -96,11 +100,22 @@ def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, micro: int | None)
     writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=DEFAULT_IO_THREADS, overwrite=True)
     writer.fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n))
     dcp.save(state, storage_writer=writer, process_group=comm.group)
-    lineage = (*manifest.lineage, {"event": "resharded_from", "time": time.time(), "source": str(src.absolute()), "step": step, "world_size": manifest.world_size})
+    lineage = (
+        *manifest.lineage,
+        {"event": "resharded_from", "time": time.time(), "source": str(src.absolute()), "step": step, "world_size": manifest.world_size},
+    )
 
     def make_manifest(files: tuple[FileEntry, ...]) -> Manifest:
         # env keeps what produced the state (the original world size): a resume compares against it
-        return replace(manifest, files=files, world_size=world, batch=report.plan.new, parallelism={"dp_shard": world}, lineage=lineage, created_at=time.time())
+        return replace(
+            manifest,
+            files=files,
+            world_size=world,
+            batch=report.plan.new,
+            parallelism={"dp_shard": world},
+            lineage=lineage,
+            created_at=time.time(),
+        )
 
     commit_staged(out, comm, step, manifest.run_id, writer.fs, state_codec.dumps(rank_state), make_manifest)
 

@@ -1,6 +1,6 @@
 """``ckpt verify --nproc N`` runs this under torchrun: every rank loads its shard, rank 0 reports.
 
-    torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.verify RESULT.json DIR STEP [ENTRY]
+torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.verify RESULT.json DIR STEP [ENTRY]
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ def main(argv: list[str]) -> int:
     result_path, directory, step = Path(argv[0]), Path(argv[1]), int(argv[2])
     entry = argv[3] if len(argv) > 3 else None
     init_distributed("gloo")
-    return run_and_report(result_path, lambda: verify_checkpoint(CheckpointStore(directory), step, entry, world_size=dist.get_world_size()).to_json())
+    return run_and_report(
+        result_path, lambda: verify_checkpoint(CheckpointStore(directory), step, entry, world_size=dist.get_world_size()).to_json()
+    )
 
 
 if __name__ == "__main__":

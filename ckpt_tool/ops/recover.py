@@ -56,7 +56,13 @@ def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None 
         else:
             step, rolled_from, quarantined = latest, None, ()
             if latest is None or not validate_checkpoint(store, latest).ok:
-                report = rollback(store, auto=False, reason=f"ckpt recover: step {latest} is damaged" if latest is not None else "ckpt recover: LATEST is missing or damaged")
+                report = rollback(
+                    store,
+                    auto=False,
+                    reason=f"ckpt recover: step {latest} is damaged"
+                    if latest is not None
+                    else "ckpt recover: LATEST is missing or damaged",
+                )
                 step, rolled_from, quarantined = report.target, latest, report.quarantined
             saved = store.read_manifest(step).world_size
             reshard = None

@@ -29,7 +29,13 @@ class ReshardReport:
     data_position: dict[str, Any] | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "old_world_size": self.old_world_size, "new_world_size": self.new_world_size, "data_position": self.data_position, **self.plan.to_json()}
+        return {
+            "step": self.step,
+            "old_world_size": self.old_world_size,
+            "new_world_size": self.new_world_size,
+            "data_position": self.data_position,
+            **self.plan.to_json(),
+        }
 
 
 def tensor_shapes(store: CheckpointStore, step: int) -> dict[str, tuple[int, ...]]:
@@ -46,7 +52,9 @@ def check_reshard(store: CheckpointStore, step: int, world_size: int, micro_batc
     problems = check_shapes(tensor_shapes(store, step), world_size)
     if problems:
         raise CkptError(
-            f"step {step} cannot be sharded over {world_size} ranks: " + "; ".join(map(str, problems[:3])) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+            f"step {step} cannot be sharded over {world_size} ranks: "
+            + "; ".join(map(str, problems[:3]))
+            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
             f"use at most {min(p.rows for p in problems)} ranks",
             ExitCode.CONFLICT,
         )
@@ -59,4 +67,10 @@ def record_plan(store: CheckpointStore, report: ReshardReport) -> None:
     """Append the plan to the manifest's lineage (atomic rewrite, under the directory's lock)."""
     manifest = store.read_manifest(report.step)
     entry = {"event": "reshard_plan", "time": time.time(), "world_size": report.new_world_size, "batch": report.plan.to_json()["new"]}
-    store.rewrite_manifest(report.step, replace(manifest, lineage=(*manifest.lineage, entry)), "reshard_plan", world_size=report.new_world_size, batch=entry["batch"])
+    store.rewrite_manifest(
+        report.step,
+        replace(manifest, lineage=(*manifest.lineage, entry)),
+        "reshard_plan",
+        world_size=report.new_world_size,
+        batch=entry["batch"],
+    )

@@ -41,12 +41,16 @@ class RollbackReport:
             "dry_run": self.dry_run,
             "quarantined": [] if self.dry_run else list(self.quarantined),
             "would_quarantine": list(self.quarantined) if self.dry_run else [],
-            "attempts": [{"step": a.step, "valid": a.valid, "verified": a.verified, "ok": a.ok, "problems": list(a.problems)} for a in self.attempts],
+            "attempts": [
+                {"step": a.step, "valid": a.valid, "verified": a.verified, "ok": a.ok, "problems": list(a.problems)} for a in self.attempts
+            ],
             "notes": list(self.notes),
         }
 
 
-def check_step(store: CheckpointStore, step: int, verify: bool, entry: str | None = None, record: bool = True, notes: list[str] | None = None) -> Attempt:
+def check_step(
+    store: CheckpointStore, step: int, verify: bool, entry: str | None = None, record: bool = True, notes: list[str] | None = None
+) -> Attempt:
     """Validate (and, when asked, verify) one step. Files this user may not read are not
     damage: that raises (exit 2) rather than judging the step. ``record=False`` (a dry run)
     writes nothing; otherwise a verification result goes to the index, best effort (a note in
@@ -89,7 +93,11 @@ def rollback(
         if not store.step_path(to).is_dir():
             raise store.no_such_step(to)
         if to not in committed:
-            raise CkptError(f"step {to} in {store.root} has no manifest: it is not a committed checkpoint", f"committed steps: {', '.join(map(str, committed[-10:]))} (see `ckpt list`)", ExitCode.NOT_FOUND)
+            raise CkptError(
+                f"step {to} in {store.root} has no manifest: it is not a committed checkpoint",
+                f"committed steps: {', '.join(map(str, committed[-10:]))} (see `ckpt list`)",
+                ExitCode.NOT_FOUND,
+            )
         candidates = [to]
     elif auto:
         candidates = [s for s in reversed(committed) if latest is None or s <= latest]

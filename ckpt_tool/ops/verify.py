@@ -26,14 +26,22 @@ from ckpt_tool.training.safe_dcp import load_state
 def load_entry_point(spec: str) -> Callable[..., Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CkptError(f"entry point {spec!r} is not of the form 'module:function'", "e.g. --entry mypkg.train:build_model", ExitCode.USAGE)
+        raise CkptError(
+            f"entry point {spec!r} is not of the form 'module:function'", "e.g. --entry mypkg.train:build_model", ExitCode.USAGE
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise CkptError(f"entry point module {module_name!r} does not import: {exc}", "check the name and that the package is installed in this environment", ExitCode.USAGE) from None
+        raise CkptError(
+            f"entry point module {module_name!r} does not import: {exc}",
+            "check the name and that the package is installed in this environment",
+            ExitCode.USAGE,
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise CkptError(f"entry point {spec!r}: {module_name} has no function {attr!r}", "name a function that returns (model, loss_fn)", ExitCode.USAGE)
+        raise CkptError(
+            f"entry point {spec!r}: {module_name} has no function {attr!r}", "name a function that returns (model, loss_fn)", ExitCode.USAGE
+        )
     return fn
 
 
@@ -49,7 +57,11 @@ def build_from_entry_point(spec: str, world_size: int, kwargs: dict[str, Any]) -
             ExitCode.USAGE,
         ) from exc
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module) and callable(result[1])):
-        raise CkptError(f"entry point {spec!r} returned {type(result).__name__}, not (model, loss_fn)", "return a tuple (torch.nn.Module, loss function(model, batch) -> scalar)", ExitCode.USAGE)
+        raise CkptError(
+            f"entry point {spec!r} returned {type(result).__name__}, not (model, loss_fn)",
+            "return a tuple (torch.nn.Module, loss function(model, batch) -> scalar)",
+            ExitCode.USAGE,
+        )
     return result
 
 
@@ -58,7 +70,11 @@ def verify_checkpoint(store: CheckpointStore, step: int, entry: str | None = Non
     manifest = store.read_manifest(step)
     spec = entry or manifest.entry_point
     if spec is None:
-        raise CkptError(f"step {step} records no entry point to build the model", "pass --entry module:function (or set entry_point in [tool.ckpt])", ExitCode.USAGE)
+        raise CkptError(
+            f"step {step} records no entry point to build the model",
+            "pass --entry module:function (or set entry_point in [tool.ckpt])",
+            ExitCode.USAGE,
+        )
     model, loss_fn = build_from_entry_point(spec, world_size, dict(manifest.entry_kwargs))
     state = {"model": get_model_state_dict(model)}
     load_state(state, store.step_path(step), no_dist=not torch.distributed.is_initialized())

@@ -28,9 +28,24 @@ def torchrun_command(nproc: int, recipe_args: Sequence[str], module: str = RECIP
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *recipe_args]
 
 
-def ckpt_run_command(nproc: int, run_dir: Path, recipe_args: Sequence[str], run_opts: Sequence[str] = (), module: str = RECIPE) -> list[str]:
+def ckpt_run_command(
+    nproc: int, run_dir: Path, recipe_args: Sequence[str], run_opts: Sequence[str] = (), module: str = RECIPE
+) -> list[str]:
     """``ckpt run --nproc-per-node N --run-dir DIR [OPTS] -- -m MODULE ARGS``."""
-    return [sys.executable, "-m", "ckpt_tool.cli.main", "run", f"--nproc-per-node={nproc}", "--run-dir", str(run_dir), *run_opts, "--", "-m", module, *recipe_args]
+    return [
+        sys.executable,
+        "-m",
+        "ckpt_tool.cli.main",
+        "run",
+        f"--nproc-per-node={nproc}",
+        "--run-dir",
+        str(run_dir),
+        *run_opts,
+        "--",
+        "-m",
+        module,
+        *recipe_args,
+    ]
 
 
 def recipe_args(ckpt_dir: Path, metrics: Path, steps: int, save_every: int, *extra: str) -> list[str]:
@@ -65,7 +80,17 @@ class RecipeJob:
     """One launch of the recipe in ``root`` (``ckpt/``, ``metrics.jsonl``, ``run/``, ``log.txt``),
     under ``ckpt run`` (``supervised``) or plain torchrun, in its own session."""
 
-    def __init__(self, root: Path, steps: int, save_every: int, extra: Sequence[str] = (), *, supervised: bool = True, run_opts: Sequence[str] = (), nproc: int = 2) -> None:
+    def __init__(
+        self,
+        root: Path,
+        steps: int,
+        save_every: int,
+        extra: Sequence[str] = (),
+        *,
+        supervised: bool = True,
+        run_opts: Sequence[str] = (),
+        nproc: int = 2,
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.supervised = root, supervised
         self.ckpt, self.metrics, self.run_dir, self.log = root / "ckpt", root / "metrics.jsonl", root / "run", root / "log.txt"
@@ -77,7 +102,13 @@ class RecipeJob:
     def start(self, env: Mapping[str, str] | None = None) -> RecipeJob:
         with open(self.log, "ab") as log:
             self.started_at = time.time()
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
         return self
 
     def wait(self, timeout: float = 300) -> int:

@@ -238,7 +238,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int)
     p.add_argument("--global-batch", type=int)
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--crash-at-step", type=int, action="append", default=[], help="rank 0 dies with SIGKILL at the start of this step, once (repeatable)")
+    p.add_argument(
+        "--crash-at-step",
+        type=int,
+        action="append",
+        default=[],
+        help="rank 0 dies with SIGKILL at the start of this step, once (repeatable)",
+    )
     p.add_argument("--crash-repeat", action="store_true", help="test hook: crash at --crash-at-step on every attempt (a crash loop)")
     p.add_argument("--data-stall-at-step", type=int, help="test hook: the data loader stalls at this step, once")
     p.add_argument("--data-stall-s", type=float, default=20.0)
@@ -322,7 +328,9 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 indices = [micro_batch_indices(global_batch, batch, rank, m) for m in range(batch.grad_accum)]
                 micro_batches = [corpus.batch(i) for i in indices]
             if samples_log is not None:  # test hook: which samples each rank used at each step
-                samples_log.write(json.dumps({"step": step, "rank": rank, "resumed_from": start, "indices": torch.cat(indices).tolist()}) + "\n")
+                samples_log.write(
+                    json.dumps({"step": step, "rank": rank, "resumed_from": start, "indices": torch.cat(indices).tolist()}) + "\n"
+                )
                 samples_log.flush()
             loss_sum = torch.zeros(())
             for data in micro_batches:

@@ -21,10 +21,18 @@ class JobState:
 
 def _run(argv: list[str], timeout: float = 30) -> str:
     if shutil.which(argv[0]) is None:
-        raise CkptError(f"`{argv[0]}` is not on PATH: this machine has no SLURM client tools", "run on a login node of the cluster (or install slurm-client)", ExitCode.USAGE)
+        raise CkptError(
+            f"`{argv[0]}` is not on PATH: this machine has no SLURM client tools",
+            "run on a login node of the cluster (or install slurm-client)",
+            ExitCode.USAGE,
+        )
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise CkptError(f"`{' '.join(argv)}` failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}", "check the options and the cluster's state (sinfo)", ExitCode.FAILED)
+        raise CkptError(
+            f"`{' '.join(argv)}` failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}",
+            "check the options and the cluster's state (sinfo)",
+            ExitCode.FAILED,
+        )
     return proc.stdout
 
 
@@ -49,11 +57,15 @@ def job_state(job_id: str) -> JobState | None:
         info = _fields(_run(["scontrol", "show", "job", job_id]))
         if info.get("JobState"):
             restarts = info.get("Restarts")
-            return JobState(job_id, info["JobState"], int(restarts) if restarts and restarts.isdigit() else None, info.get("Reason"), "scontrol")
+            return JobState(
+                job_id, info["JobState"], int(restarts) if restarts and restarts.isdigit() else None, info.get("Reason"), "scontrol"
+            )
     except CkptError:
         pass
     try:
-        rows = [line.split("|") for line in _run(["sacct", "-c", "-j", job_id, "-n", "-P", "-o", "JobID,State"]).splitlines() if line.strip()]
+        rows = [
+            line.split("|") for line in _run(["sacct", "-c", "-j", job_id, "-n", "-P", "-o", "JobID,State"]).splitlines() if line.strip()
+        ]
     except CkptError:
         return None
     if not rows:

@@ -50,7 +50,9 @@ def check_ckpt_dir_agrees(command: Sequence[str], ckpt_dir: Path) -> None:
         )
 
 
-def prepare(command: Sequence[str], ckpt_dir: Path, run_dir: Path | None = None, signal_lead_s: int | None = None, **options: Any) -> tuple[JobSpec, str]:
+def prepare(
+    command: Sequence[str], ckpt_dir: Path, run_dir: Path | None = None, signal_lead_s: int | None = None, **options: Any
+) -> tuple[JobSpec, str]:
     """The job spec and its script; ``options`` are ``JobSpec`` fields. Missing SLURM settings
     come from ``ckpt.toml`` / ``[tool.ckpt]``; each node's task gets at least one CPU per rank."""
     check_ckpt_dir_agrees(command, ckpt_dir)

@@ -63,7 +63,11 @@ class DirectoryLock:
         if self._flock_works is None:
             self._flock_works = flock_works(path, mode)
             if not self._flock_works:
-                log.warning("ckpt: flock does not work on %s (NFS without locking?): using a soft lock file with a %.0f s lease; a lock left by a crashed holder on another host is taken over after that", self.root, SOFT_LOCK_LEASE_S)
+                log.warning(
+                    "ckpt: flock does not work on %s (NFS without locking?): using a soft lock file with a %.0f s lease; a lock left by a crashed holder on another host is taken over after that",
+                    self.root,
+                    SOFT_LOCK_LEASE_S,
+                )
         if self._flock_works:
             return FileLock(path, timeout=timeout, mode=mode)
         return SoftFileLease(path.with_suffix(".soft"), timeout=timeout, lease_duration=SOFT_LOCK_LEASE_S)

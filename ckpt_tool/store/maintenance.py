@@ -70,7 +70,11 @@ class MaintenanceMixin:
         with self.changing():
             victims, candidates = self._retention_plan(policy, failed)
             if confirmed not in candidates:
-                raise CkptError(f"{self.root} changed while pruning (a new commit or rollback): nothing deleted", "run the prune again", ExitCode.CONFLICT)
+                raise CkptError(
+                    f"{self.root} changed while pruning (a new commit or rollback): nothing deleted",
+                    "run the prune again",
+                    ExitCode.CONFLICT,
+                )
             for step in victims:
                 os.rename(self.step_path(step), self.root / layout.deleting_dir_name(step))
                 self.append_event("delete", step=step, reason=f"retention: {policy.describe()}; step {confirmed} passed validation")
@@ -101,7 +105,9 @@ class MaintenanceMixin:
                     shutil.rmtree(self.root / entry.name, ignore_errors=True)
                     self.append_event("cleanup", name=entry.name, reason=f"{entry.kind.value} directory left by a crash")
                     actions.append(f"removed {entry.name} (left by a crash)")
-            committed = [e.step for e in entries if e.kind is layout.EntryKind.STEP and (self.root / e.name / layout.MANIFEST_NAME).is_file()]
+            committed = [
+                e.step for e in entries if e.kind is layout.EntryKind.STEP and (self.root / e.name / layout.MANIFEST_NAME).is_file()
+            ]
             if latest is None and committed and roll_forward is not None:
                 cause = pointer_error or "LATEST was missing"
                 for step in reversed(committed):
@@ -118,7 +124,9 @@ class MaintenanceMixin:
                     if roll_forward is not None and roll_forward(step):
                         self._write_latest(step)
                         self.append_event("roll_forward", step=step, previous=latest)
-                        actions.append(f"LATEST moved forward to {layout.step_dir_name(step)} (committed, pointer not yet moved at the crash)")
+                        actions.append(
+                            f"LATEST moved forward to {layout.step_dir_name(step)} (committed, pointer not yet moved at the crash)"
+                        )
                         latest = step
                     else:
                         self._move_to_quarantine(step, "newer than LATEST and not valid")

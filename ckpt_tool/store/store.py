@@ -183,7 +183,10 @@ class CheckpointStore(OwnershipMixin, MaintenanceMixin):
         except PermissionError:
             raise self.permission_denied(path) from None
         if len(raw) > MAX_MANIFEST_BYTES:
-            raise CkptError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes", "the manifest is damaged or hostile: quarantine it with `ckpt rollback`")
+            raise CkptError(
+                f"{path} is larger than {MAX_MANIFEST_BYTES} bytes",
+                "the manifest is damaged or hostile: quarantine it with `ckpt rollback`",
+            )
         manifest = Manifest.from_json(raw, where=str(path))
         if manifest.step != step:
             raise CkptError(
@@ -197,7 +200,11 @@ class CheckpointStore(OwnershipMixin, MaintenanceMixin):
         steps = [e.step for e in self._scan() if e.kind is layout.EntryKind.STEP]
         shown = ", ".join(map(str, steps[-10:])) if steps else "none"
         quarantined = self.quarantine_root / layout.step_dir_name(step)
-        where = f"; a copy may be in {self.quarantine_root}" if self.quarantine_root.is_dir() and any(n.startswith(quarantined.name) for n in os.listdir(self.quarantine_root)) else ""
+        where = (
+            f"; a copy may be in {self.quarantine_root}"
+            if self.quarantine_root.is_dir() and any(n.startswith(quarantined.name) for n in os.listdir(self.quarantine_root))
+            else ""
+        )
         return CkptError(f"step {step} does not exist in {self.root}{where}", f"steps here: {shown} (see `ckpt list`)", ExitCode.NOT_FOUND)
 
     def permission_denied(self, path: Path) -> CkptError:
@@ -299,7 +306,9 @@ class CheckpointStore(OwnershipMixin, MaintenanceMixin):
             summaries,
         )
         note = log.skipped_note(layout.INDEX_NAME)
-        return Listing(tuple(rows), latest, latest_problem(latest, pointer_error, step_dirs, any(step_dirs.values())), (note,) if note else ())
+        return Listing(
+            tuple(rows), latest, latest_problem(latest, pointer_error, step_dirs, any(step_dirs.values())), (note,) if note else ()
+        )
 
     def kind(self, names: list[str] | None = None) -> layout.DirectoryKind:
         """What this directory is: ours, empty, one step directory, plain DCP, something else."""
@@ -315,9 +324,17 @@ class CheckpointStore(OwnershipMixin, MaintenanceMixin):
         if kind is layout.DirectoryKind.CHECKPOINTS:
             return
         if kind is layout.DirectoryKind.EMPTY:
-            raise CkptError(f"{self.root} is empty: no checkpoint was written there", f"check the path; a training run writes its first checkpoint there at its first save. {expects}", ExitCode.NOT_FOUND)
+            raise CkptError(
+                f"{self.root} is empty: no checkpoint was written there",
+                f"check the path; a training run writes its first checkpoint there at its first save. {expects}",
+                ExitCode.NOT_FOUND,
+            )
         if kind is layout.DirectoryKind.ONE_CHECKPOINT:
-            raise CkptError(f"{self.root} is a single checkpoint, not a checkpoint directory", f"pass the directory that holds it: {self.root.parent}", ExitCode.USAGE)
+            raise CkptError(
+                f"{self.root} is a single checkpoint, not a checkpoint directory",
+                f"pass the directory that holds it: {self.root.parent}",
+                ExitCode.USAGE,
+            )
         if kind is layout.DirectoryKind.PLAIN_DCP:
             raise CkptError(
                 f"{self.root} is a plain DCP checkpoint (torch.distributed.checkpoint), not a ckpt-tool checkpoint directory",
@@ -407,7 +424,9 @@ class CheckpointStore(OwnershipMixin, MaintenanceMixin):
     def set_latest(self, step: int, reason: str, event: str = "rollback") -> None:
         with self.changing():
             if not (self.step_path(step) / layout.MANIFEST_NAME).is_file():
-                raise CkptError(f"step {step} has no committed checkpoint in {self.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND)
+                raise CkptError(
+                    f"step {step} has no committed checkpoint in {self.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND
+                )
             previous = self.latest_or_none()
             self._write_latest(step)
             self.append_event(event, step=step, previous=previous, reason=reason)

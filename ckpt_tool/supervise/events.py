@@ -34,12 +34,24 @@ def load_events(run_dir: Path) -> tuple[list[dict[str, Any]], tuple[int, ...]]:
             return parse_records(f)
     except FileNotFoundError:
         if run_dir.exists() and not run_dir.is_dir():
-            raise CkptError(f"{run_dir} is a file, not a run directory", "pass a checkpoint directory (its run/ is used) or a run directory holding events.jsonl", ExitCode.USAGE) from None
+            raise CkptError(
+                f"{run_dir} is a file, not a run directory",
+                "pass a checkpoint directory (its run/ is used) or a run directory holding events.jsonl",
+                ExitCode.USAGE,
+            ) from None
         return [], ()
     except NotADirectoryError:
-        raise CkptError(f"{run_dir} is not a directory", "pass a checkpoint directory (its run/ is used) or a run directory holding events.jsonl", ExitCode.USAGE) from None
+        raise CkptError(
+            f"{run_dir} is not a directory",
+            "pass a checkpoint directory (its run/ is used) or a run directory holding events.jsonl",
+            ExitCode.USAGE,
+        ) from None
     except PermissionError:
-        raise CkptError(f"permission denied reading {run_dir / EVENTS_NAME}", "run as the user who owns the run, or ask them to grant read access", ExitCode.USAGE) from None
+        raise CkptError(
+            f"permission denied reading {run_dir / EVENTS_NAME}",
+            "run as the user who owns the run, or ask them to grant read access",
+            ExitCode.USAGE,
+        ) from None
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:

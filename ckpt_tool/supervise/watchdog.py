@@ -63,18 +63,32 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if not self.command:
-            raise CkptError("no training script given", "usage: ckpt run [OPTIONS] -- train.py ARGS (or -- -m package.module ARGS)", ExitCode.USAGE)
+            raise CkptError(
+                "no training script given", "usage: ckpt run [OPTIONS] -- train.py ARGS (or -- -m package.module ARGS)", ExitCode.USAGE
+            )
         if self.nproc_per_node < 1 or self.max_restarts < 0 or self.crash_loop < 1:
             raise CkptError("--nproc-per-node and --crash-loop must be >= 1, --max-restarts >= 0", "see `ckpt run --help`", ExitCode.USAGE)
 
 
 def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:
     """The torchrun command line for one node. Single node without an endpoint: --standalone."""
-    argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={cfg.max_restarts}", "--monitor-interval=0.2"]
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={cfg.nproc_per_node}",
+        f"--max-restarts={cfg.max_restarts}",
+        "--monitor-interval=0.2",
+    ]
     if cfg.rdzv_endpoint is None and cfg.nnodes == "1":
         argv.append("--standalone")
     else:
-        argv += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}", f"--rdzv-id={cfg.rdzv_id or 'ckpt'}"]
+        argv += [
+            f"--nnodes={cfg.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={cfg.rdzv_endpoint}",
+            f"--rdzv-id={cfg.rdzv_id or 'ckpt'}",
+        ]
     return argv + list(cfg.command)
 
 
@@ -102,7 +116,9 @@ def read_durations(run_dir: Path) -> DurationLog | None:
 class Watchdog:
     """``report`` gets every event record as it is logged; ``status`` the live state of the ranks."""
 
-    def __init__(self, cfg: RunConfig, report: Callable[[dict[str, Any]], None] = print, status: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self, cfg: RunConfig, report: Callable[[dict[str, Any]], None] = print, status: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
         self.cfg = cfg
         self.report = report
         self.status = status
@@ -178,14 +194,22 @@ class Watchdog:
                 kill_tree([proc.pid], self.cfg.grace_s)
                 return ExitCode.CRASH_LOOP
             if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
-                self.event("stop_deadline", seconds=self.cfg.stop_deadline_s, note="no checkpoint committed in time; the previous one is intact")
+                self.event(
+                    "stop_deadline", seconds=self.cfg.stop_deadline_s, note="no checkpoint committed in time; the previous one is intact"
+                )
                 kill_tree([proc.pid], self.cfg.grace_s)
                 return ExitCode.REQUEUE
             hangs = find_hangs(self.beats.values(), self.timeouts(), now) if self.stop_at is None else []
             if hangs:
                 self._kill_hung(hangs)
             if self.status is not None:
-                self.status({"attempt": self.attempt, "ckpt": self.newest_ckpt, "ranks": {r: (b.step, b.phase, now - b.time) for r, b in sorted(self.beats.items())}})
+                self.status(
+                    {
+                        "attempt": self.attempt,
+                        "ckpt": self.newest_ckpt,
+                        "ranks": {r: (b.step, b.phase, now - b.time) for r, b in sorted(self.beats.items())},
+                    }
+                )
 
     def _finished(self, rc: int) -> int:
         if self.stopped_step is not None:  # torchrun may exit non-zero when it got TERM too
@@ -215,7 +239,16 @@ class Watchdog:
             return
         try:
             resumed_from = m.get("resumed_from")
-            beat = Beat(m["rank"], m["pid"], int(m["step"]), str(m["phase"]), now, int(m.get("attempt", 0)), m.get("ckpt"), None if resumed_from is None else int(resumed_from))
+            beat = Beat(
+                m["rank"],
+                m["pid"],
+                int(m["step"]),
+                str(m["phase"]),
+                now,
+                int(m.get("attempt", 0)),
+                m.get("ckpt"),
+                None if resumed_from is None else int(resumed_from),
+            )
         except (KeyError, TypeError, ValueError):
             return
         if beat.attempt < self.attempt or beat.attempt in self.closed_attempts:
@@ -254,7 +287,9 @@ class Watchdog:
 
     def _kill_hung(self, hangs: list) -> None:
         for h in hangs:
-            self.event("hang", rank=h.rank, pid=h.pid, phase=h.phase, step=h.step, silent_s=round(h.silent_s, 2), timeout_s=round(h.timeout_s, 2))
+            self.event(
+                "hang", rank=h.rank, pid=h.pid, phase=h.phase, step=h.step, silent_s=round(h.silent_s, 2), timeout_s=round(h.timeout_s, 2)
+            )
         pids = [b.pid for b in self.beats.values()]
         self.gone.update(pids)
         t0 = time.monotonic()
@@ -271,7 +306,9 @@ class Watchdog:
         self.failures_counted.add(self.attempt)
         if self.breaker.on_failure(self.newest_ckpt):
             return  # the loop stops at its next turn
-        self.event("failure_counted", in_a_row_without_progress=self.breaker.stalled, limit=self.breaker.limit, newest_checkpoint=self.newest_ckpt)
+        self.event(
+            "failure_counted", in_a_row_without_progress=self.breaker.stalled, limit=self.breaker.limit, newest_checkpoint=self.newest_ckpt
+        )
 
     # ------------------------------------------------------------------ preemption
     def _on_stop_signal(self, signum: int, frame: Any) -> None:

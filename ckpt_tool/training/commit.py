@@ -39,7 +39,12 @@ def commit_staged(
     rank = comm.rank
     state_name = layout.rank_state_name(rank)
     store.write_staged(step, state_name, rank_json)
-    digests = {**fs.written, state_name: FileDigest(state_name, len(rank_json), xxhash.xxh3_128_hexdigest(rank_json, seed=binding_seed(run_id, step, state_name)))}
+    digests = {
+        **fs.written,
+        state_name: FileDigest(
+            state_name, len(rank_json), xxhash.xxh3_128_hexdigest(rank_json, seed=binding_seed(run_id, step, state_name))
+        ),
+    }
     mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
     unhashed = [n for n in mine if n not in digests]  # not written through DCP's stream: read back
     digests.update({d.name: d for d in hash_files(partial, unhashed, run_id, step)})
@@ -54,7 +59,10 @@ def commit_staged(
         except CkptError as exc:  # keeps its hint and exit code (a directory taken over: 4)
             error = CkptError(f"commit of step {step} failed: {exc.message}", exc.hint, exc.exit_code)
         except OSError as exc:
-            error = CkptError(f"commit of step {step} failed: {exc}", f"the previous checkpoint is intact; check free space and permissions in {store.root}")
+            error = CkptError(
+                f"commit of step {step} failed: {exc}",
+                f"the previous checkpoint is intact; check free space and permissions in {store.root}",
+            )
     error = comm.broadcast(error)
     if error is not None:
         raise error

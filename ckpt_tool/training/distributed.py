@@ -34,6 +34,8 @@ def init_distributed(backend: str | None = None, timeout: timedelta | None = Non
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, **kwargs)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"ckpt_tool/attempt_{attempt}", store), rank=rank, world_size=world, **kwargs)
+        dist.init_process_group(
+            backend, store=dist.PrefixStore(f"ckpt_tool/attempt_{attempt}", store), rank=rank, world_size=world, **kwargs
+        )
     else:
         dist.init_process_group(backend, **kwargs)

@@ -89,7 +89,9 @@ class HashingFileSystem(FileSystem):
         name = path.name
         entry = self.expected.get(name) if self.expected is not None else None
         if entry is None:
-            raise CkptError(f"{path} is not listed in the checkpoint's manifest: refused to load it", "run `ckpt validate` and `ckpt rollback`")
+            raise CkptError(
+                f"{path} is not listed in the checkpoint's manifest: refused to load it", "run `ckpt validate` and `ckpt rollback`"
+            )
         try:
             with open(path, "rb") as f:
                 data = f.read(entry.bytes + 1)

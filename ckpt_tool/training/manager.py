@@ -117,10 +117,16 @@ class CheckpointManager:
         self.store = self._open_store(Path(config.directory))
         exported = os.environ.get("CKPT_DIR")
         if exported and self.comm.is_coordinator and Path(exported).resolve() != self.store.root.resolve():
-            log.warning("ckpt: CKPT_DIR is %s (set by `ckpt run`/`ckpt submit`) but this run saves to %s: `ckpt status` and `ckpt recover` look in CKPT_DIR", exported, self.store.root)
+            log.warning(
+                "ckpt: CKPT_DIR is %s (set by `ckpt run`/`ckpt submit`) but this run saves to %s: `ckpt status` and `ckpt recover` look in CKPT_DIR",
+                exported,
+                self.store.root,
+            )
         self.claim = DirectoryClaim(self.store, self.comm, config.owner_stale_after_s, config.take_over)
         env = lambda: current_env(model, self.comm.world_size)  # noqa: E731
-        self.saver = Saver(config, self.state, probe, self.store, self.comm, self.hb, env, parallelism or {"dp_shard": self.comm.world_size}, before_commit)
+        self.saver = Saver(
+            config, self.state, probe, self.store, self.comm, self.hb, env, parallelism or {"dp_shard": self.comm.world_size}, before_commit
+        )
         self.saver.batch = batch
         self._env = env
         self.extra: dict[str, Any] = {}  # user extras restored by resume()

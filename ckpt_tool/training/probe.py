@@ -100,7 +100,9 @@ def load_probe_batch(path: Any, process_group: Any = None) -> dict[str, torch.Te
         if key.startswith("probe.") and hasattr(meta, "size"):
             batch[key.removeprefix("probe.")] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if not batch:
-        raise CkptError(f"{path} holds no probe batch", "the checkpoint was saved without a probe: only `ckpt validate` applies", ExitCode.FAILED)
+        raise CkptError(
+            f"{path} holds no probe batch", "the checkpoint was saved without a probe: only `ckpt validate` applies", ExitCode.FAILED
+        )
     state = {"probe": batch}
     load_state(state, path, process_group=process_group, no_dist=not torch.distributed.is_initialized())
     return state["probe"]
@@ -128,7 +130,9 @@ def check_loaded_model(
     """The four checks on a model that already holds the checkpoint's parameters."""
     manifest = store.read_manifest(step)
     if manifest.probe is None:
-        raise CkptError(f"step {step} has no recorded probe", "only `ckpt validate` applies to checkpoints saved without a probe", ExitCode.FAILED)
+        raise CkptError(
+            f"step {step} has no recorded probe", "only `ckpt validate` applies to checkpoints saved without a probe", ExitCode.FAILED
+        )
     path = store.step_path(step)
     rank_file = path / layout.rank_state_name(0)  # step and scheduler are job-wide: rank 0 has them at any world size
     rank_state = state_codec.loads(rank_file.read_bytes(), str(rank_file))

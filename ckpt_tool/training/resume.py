@@ -49,14 +49,25 @@ class Resumed:
 class Resumption:
     """One resume of ``state`` from ``store`` (see the module docstring)."""
 
-    def __init__(self, config: CheckpointConfig, state: TrainingState, probe: ProbeSpec | None, store: CheckpointStore, comm: Comm, env: Callable[[], dict[str, Any]], requested: BatchConfig | None) -> None:
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        state: TrainingState,
+        probe: ProbeSpec | None,
+        store: CheckpointStore,
+        comm: Comm,
+        env: Callable[[], dict[str, Any]],
+        requested: BatchConfig | None,
+    ) -> None:
         self.config, self.state, self.probe, self.store, self.comm = config, state, probe, store, comm
         self.env, self.requested = env, requested
         self._model_differs = False  # the last load left checkpoint entries of the model unused
 
     def run(self) -> Resumed | None:
         """The resumed checkpoint, or None on a fresh start (no checkpoint at all)."""
-        for action in self.comm.on_coordinator(lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(self.store, s).ok)):
+        for action in self.comm.on_coordinator(
+            lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(self.store, s).ok)
+        ):
             log.warning("ckpt: %s", action)
         for _ in range(self.config.max_fallbacks + 1):
             candidate = self.comm.on_coordinator(self._candidate)
@@ -92,7 +103,11 @@ class Resumption:
             reason = exc.message
         step = fallback_step(self.store.committed_on_disk(), None)
         if step is None:
-            raise CkptError(f"{reason} and no committed checkpoint is left in {self.store.root}", "start the run from scratch in a new directory, or restore from quarantine/", ExitCode.NOT_FOUND)
+            raise CkptError(
+                f"{reason} and no committed checkpoint is left in {self.store.root}",
+                "start the run from scratch in a new directory, or restore from quarantine/",
+                ExitCode.NOT_FOUND,
+            )
         log.warning("ckpt: %s; falling back to step %d", reason, step)
         self.store.set_latest(step, reason)
         return step
@@ -141,7 +156,12 @@ class Resumption:
             not_loaded = [k for k in unused if k.split(".", 1)[0] in dcp_state]  # the probe batch is verify's
             self._model_differs = any(k.startswith("model.") for k in not_loaded)
             if not_loaded and self.comm.is_coordinator:
-                log.warning("ckpt: %d entries of checkpoint step %d were not loaded, the model or optimizer differs from the saved one: %s", len(not_loaded), step, ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""))
+                log.warning(
+                    "ckpt: %d entries of checkpoint step %d were not loaded, the model or optimizer differs from the saved one: %s",
+                    len(not_loaded),
+                    step,
+                    ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""),
+                )
             rank_state = read_rank_state(path, verify_fs, self.comm.rank, self.comm.world_size, manifest.world_size)
         except CkptError as exc:
             if exc.exit_code != ExitCode.FAILED:  # not damage: does not fit the run, not readable by this user
@@ -157,7 +177,9 @@ class Resumption:
         set_state_dict(model, optimizer, model_state_dict=dcp_state["model"], optim_state_dict=dcp_state["optim"])
         extra = self.state.restore(rank_state)
         if plan is not None and self.comm.is_coordinator:
-            self.store.append_event("reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json())
+            self.store.append_event(
+                "reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json()
+            )
         log.info("ckpt: resumed from %s (step %d)", path, step)
         batch = plan.new if plan is not None else (self.requested or manifest.batch)
         return Resumed(step, manifest.run_id, batch, plan, extra), []
@@ -168,7 +190,14 @@ class Resumption:
         plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, self.comm.world_size, requested=self.requested)
         log.warning(
             "ckpt: resharding step %d from %d to %d ranks: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d kept",
-            manifest.step, manifest.world_size, self.comm.world_size, plan.new.micro_batch, plan.new.grad_accum, plan.old.micro_batch, plan.old.grad_accum, plan.new.global_batch,
+            manifest.step,
+            manifest.world_size,
+            self.comm.world_size,
+            plan.new.micro_batch,
+            plan.new.grad_accum,
+            plan.old.micro_batch,
+            plan.old.grad_accum,
+            plan.new.global_batch,
         )
         return plan
 

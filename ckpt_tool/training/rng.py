@@ -28,7 +28,9 @@ def restore(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch_cpu"])
     if np is not None and "numpy" in state:
         name, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((name, keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        np.random.set_state(
+            (name, keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+        )
     if "cuda" in state and torch.cuda.is_available():
         states = state["cuda"]
         if len(states) != torch.cuda.device_count():

@@ -72,7 +72,9 @@ def load_metadata_safely(stream: io.BufferedIOBase) -> Metadata:
     except CkptError:
         raise
     except Exception as exc:  # noqa: BLE001 - damaged bytes raise any of pickle's many error types
-        raise CkptError(f"the DCP .metadata is unreadable ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`") from None
+        raise CkptError(
+            f"the DCP .metadata is unreadable ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`"
+        ) from None
     if not isinstance(metadata, Metadata):
         raise CkptError(f"the DCP .metadata holds a {type(metadata).__name__}, not DCP Metadata", "run `ckpt validate` and `ckpt rollback`")
     return metadata
@@ -170,8 +172,15 @@ def load_state(
             if isinstance(failure, CkptError):
                 raise failure from None
             if isinstance(failure, PermissionError):
-                raise CkptError(f"permission denied reading {failure.filename or path}: it was not loaded (this is not damage)", "run as the user who owns the checkpoint, or ask them to grant read access", ExitCode.USAGE) from None
+                raise CkptError(
+                    f"permission denied reading {failure.filename or path}: it was not loaded (this is not damage)",
+                    "run as the user who owns the checkpoint, or ask them to grant read access",
+                    ExitCode.USAGE,
+                ) from None
         first = failures[0] if failures else exc
         text = str(first)
-        raise CkptError(f"loading {path} failed: {type(first).__name__}: {text.splitlines()[0] if text else ''}", "run `ckpt validate` and `ckpt rollback`") from None
+        raise CkptError(
+            f"loading {path} failed: {type(first).__name__}: {text.splitlines()[0] if text else ''}",
+            "run `ckpt validate` and `ckpt rollback`",
+        ) from None
     return planner.not_loaded

@@ -84,7 +84,13 @@ class Saver:
             dcp_state["probe"] = self.probe.batch
         rank_json = state_codec.dumps(self.state.capture(step, extra))
         if not self.store.root.is_dir():  # never recreate it: that would start a new, empty history
-            self.handle_error(CkptError(f"checkpoint directory {self.store.root} vanished (unmounted or deleted?)", "restore or remount it; the previous checkpoints are wherever it went", ExitCode.FAILED))
+            self.handle_error(
+                CkptError(
+                    f"checkpoint directory {self.store.root} vanished (unmounted or deleted?)",
+                    "restore or remount it; the previous checkpoints are wherever it went",
+                    ExitCode.FAILED,
+                )
+            )
             return
         try:
             partial = self.store.begin_staging(step)
@@ -96,7 +102,13 @@ class Saver:
         writer.fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))  # hashes as it writes
         commit_args = (writer.fs, step, rank_json, probe, time.time(), self.env())
         if self.config.async_save:
-            response = dcp.async_save(dcp_state, storage_writer=writer, process_group=self.comm.group, async_stager=self._get_stager(), no_dist=not self.comm.distributed)
+            response = dcp.async_save(
+                dcp_state,
+                storage_writer=writer,
+                process_group=self.comm.group,
+                async_stager=self._get_stager(),
+                no_dist=not self.comm.distributed,
+            )
             self._staging = response.staging_completion
             self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
         else:
@@ -138,10 +150,21 @@ class Saver:
 
             accel = torch.cuda.is_available()
             # One staging buffer, cached and reused across saves; pinned + non-blocking on GPUs.
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=accel, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=accel))
+            self._stager = DefaultStager(
+                StagingOptions(use_pinned_memory=accel, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=accel)
+            )
         return self._stager
 
-    def _finish(self, upload: Future | None, fs: HashingFileSystem, step: int, rank_json: bytes, probe: Probe | None, created_at: float, env: dict[str, Any]) -> None:
+    def _finish(
+        self,
+        upload: Future | None,
+        fs: HashingFileSystem,
+        step: int,
+        rank_json: bytes,
+        probe: Probe | None,
+        created_at: float,
+        env: dict[str, Any],
+    ) -> None:
         """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
         if upload is not None:
             try:
@@ -183,12 +206,20 @@ class Saver:
             return CkptError(f"saving step {step} failed: {exc.message}", exc.hint, exc.exit_code)
         cause = root_os_error(exc)
         latest = self.store.latest_or_none()
-        hint = f"the previous checkpoint (step {latest}) is intact and the partial files were removed" if latest is not None else "no checkpoint was committed yet; the partial files were removed"
+        hint = (
+            f"the previous checkpoint (step {latest}) is intact and the partial files were removed"
+            if latest is not None
+            else "no checkpoint was committed yet; the partial files were removed"
+        )
         if cause is not None and cause.errno == errno.ENOSPC:
             free = shutil.disk_usage(self.store.root).free
             needed = self.store.read_manifest(latest).total_bytes if latest is not None else None
             need = f"a checkpoint takes about {needed} bytes" if needed else "the state did not fit"
-            return CkptError(f"saving step {step} failed: no space left on device in {self.store.root} ({free} bytes free; {need})", f"free space there or move --ckpt-dir; {hint}", ExitCode.FAILED)
+            return CkptError(
+                f"saving step {step} failed: no space left on device in {self.store.root} ({free} bytes free; {need})",
+                f"free space there or move --ckpt-dir; {hint}",
+                ExitCode.FAILED,
+            )
         detail = f"{type(cause or exc).__name__}: {cause or exc}".splitlines()[0]
         return CkptError(f"saving step {step} to {self.store.root} failed: {detail}", hint, ExitCode.FAILED)
 

@@ -18,7 +18,21 @@ import torch
 from ckpt_tool.errors import CkptError
 
 MAX_INLINE_TENSOR_BYTES = 16 << 20
-_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)}
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+    )
+}
 _TAG = "__tensor__"
 _FLOAT_TAG = "__float__"
 
@@ -32,7 +46,10 @@ def _encode(obj: Any, where: str) -> Any:
         t = obj.detach().cpu().contiguous()
         name = str(t.dtype).removeprefix("torch.")
         if name not in _DTYPES or t.numel() * t.element_size() > MAX_INLINE_TENSOR_BYTES:
-            raise CkptError(f"state entry {where} is a {t.dtype} tensor of {t.numel()} elements: too large or unsupported for JSON state", "register large tensors in the model or optimizer state instead")
+            raise CkptError(
+                f"state entry {where} is a {t.dtype} tensor of {t.numel()} elements: too large or unsupported for JSON state",
+                "register large tensors in the model or optimizer state instead",
+            )
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return {_TAG: {"dtype": name, "shape": list(t.shape), "data": base64.b64encode(raw).decode()}}
     if isinstance(obj, dict):
@@ -46,7 +63,10 @@ def _encode(obj: Any, where: str) -> Any:
         return [_encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
     if hasattr(obj, "tolist") and hasattr(obj, "dtype"):  # numpy arrays and scalars
         return _encode(obj.tolist(), where)
-    raise CkptError(f"state entry {where} has type {type(obj).__name__}, which a checkpoint cannot hold safely", "keep checkpointed state to numbers, strings, lists, dicts and tensors")
+    raise CkptError(
+        f"state entry {where} has type {type(obj).__name__}, which a checkpoint cannot hold safely",
+        "keep checkpointed state to numbers, strings, lists, dicts and tensors",
+    )
 
 
 def _decode(obj: Any) -> Any:
@@ -77,7 +97,9 @@ def loads(raw: bytes, where: str) -> dict[str, Any]:
     try:
         state = _decode(json.loads(raw))
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CkptError(f"{where} is not valid checkpoint state ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`") from None
+        raise CkptError(
+            f"{where} is not valid checkpoint state ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`"
+        ) from None
     if not isinstance(state, dict):
         raise CkptError(f"{where} is not valid checkpoint state (not an object)", "run `ckpt validate` and `ckpt rollback`")
     return state

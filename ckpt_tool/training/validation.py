@@ -34,7 +34,10 @@ def validate_checkpoint(
         with open(store.step_path(step) / layout.DCP_METADATA_NAME, "rb") as f:
             metadata = load_metadata_safely(f)
         referenced = {info.relative_path for info in (metadata.storage_data or {}).values()}
-        extra = [Problem(name, "referenced by the DCP metadata but not in the manifest", "listed", "absent") for name in sorted(referenced - listed)]
+        extra = [
+            Problem(name, "referenced by the DCP metadata but not in the manifest", "listed", "absent")
+            for name in sorted(referenced - listed)
+        ]
     except PermissionError:
         return ValidationResult(step, result.problems, result.manifest, tuple(sorted({*result.unreadable, layout.DCP_METADATA_NAME})))
     except (CkptError, OSError) as exc:

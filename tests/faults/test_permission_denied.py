@@ -38,5 +38,10 @@ def test_permission_denied_is_a_clear_error(private_ckpt, args):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "list", str(tmp_path / "missing"), "--debug"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_tool.cli.main", "list", str(tmp_path / "missing"), "--debug"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "does not exist" in proc.stderr

@@ -51,7 +51,7 @@ def hold_soft_lock(root, host: str | None) -> subprocess.Popen:
     """)
     argv = [sys.executable, "-c", code]
     if host is not None:
-        argv = ["unshare", "--uts", "sh", "-c", f"hostname {host} && exec \"$@\"", "sh", *argv]
+        argv = ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$@"', "sh", *argv]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
     assert line[:1] == ["held"], line

@@ -64,7 +64,12 @@ def test_an_owner_on_another_host(tmp_path):
 def test_a_second_real_job_is_refused_while_the_first_runs(tmp_path):
     ckpt = tmp_path / "ckpt"
     # job A is slowed down (a 1 s commit per save) so it surely still runs when B starts
-    a = subprocess.Popen(torchrun_command(2, recipe_args(ckpt, tmp_path / "a.jsonl", 60, 5, *FAST_ARGS, "--save-delay", "1")), stdout=open(tmp_path / "a.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    a = subprocess.Popen(
+        torchrun_command(2, recipe_args(ckpt, tmp_path / "a.jsonl", 60, 5, *FAST_ARGS, "--save-delay", "1")),
+        stdout=open(tmp_path / "a.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (ckpt / "LATEST").exists():

@@ -154,9 +154,21 @@ FAULTS = {
     "truncated": (lambda c: shard(c, 20).write_bytes(shard(c, 20).read_bytes()[:-100]), ("__0_0.distcp", "size differs"), WITH_MANIFEST),
     "deleted": (lambda c: shard(c, 20, "__1_0.distcp").unlink(), ("__1_0.distcp", "missing file"), WITH_MANIFEST),
     "metadata-damaged": (lambda c: flip_bit(shard(c, 20, ".metadata")), (".metadata", "content hash differs"), WITH_MANIFEST),
-    "manifest-garbage": (lambda c: shard(c, 20, layout.MANIFEST_NAME).write_text("{garbage"), (layout.MANIFEST_NAME, "unreadable manifest"), WITH_MANIFEST),
-    "manifest-missing": (lambda c: shard(c, 20, layout.MANIFEST_NAME).unlink(), (layout.MANIFEST_NAME, "unreadable manifest"), WITHOUT_MANIFEST),
-    "swapped-from-step-15": (swap_in_from_step_15, ("__0_0.distcp", "content hash differs (damaged, or copied from another step"), WITH_MANIFEST),
+    "manifest-garbage": (
+        lambda c: shard(c, 20, layout.MANIFEST_NAME).write_text("{garbage"),
+        (layout.MANIFEST_NAME, "unreadable manifest"),
+        WITH_MANIFEST,
+    ),
+    "manifest-missing": (
+        lambda c: shard(c, 20, layout.MANIFEST_NAME).unlink(),
+        (layout.MANIFEST_NAME, "unreadable manifest"),
+        WITHOUT_MANIFEST,
+    ),
+    "swapped-from-step-15": (
+        swap_in_from_step_15,
+        ("__0_0.distcp", "content hash differs (damaged, or copied from another step"),
+        WITH_MANIFEST,
+    ),
     "params-tampered-rehashed": (tamper_parameters_and_rehash, None, WITH_MANIFEST),
 }
 

@@ -90,7 +90,9 @@ def test_prune_validates_before_deleting_when_nobody_knows_latest_is_damaged(ckp
 
 @pytest.mark.parametrize("where", ["source", "inside", "parent", "file", "not-empty"])
 def test_reshard_out_refuses_the_source_and_places_it_could_damage(ckpt, capsys, tmp_path, where):
-    out = {"source": ckpt, "inside": ckpt / "resharded", "parent": ckpt.parent, "file": tmp_path / "f", "not-empty": tmp_path / "used"}[where]
+    out = {"source": ckpt, "inside": ckpt / "resharded", "parent": ckpt.parent, "file": tmp_path / "f", "not-empty": tmp_path / "used"}[
+        where
+    ]
     (tmp_path / "f").write_text("x")
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "notes.txt").write_text("mine")
@@ -147,7 +149,13 @@ def make_plain_dcp(path: Path) -> Path:
     ],
 )
 def test_commands_say_what_they_found_instead_of_an_empty_table(ckpt, capsys, tmp_path, what, code, message):
-    target = {"file": ckpt / layout.LATEST_NAME, "empty": tmp_path / "empty", "step": ckpt / layout.step_dir_name(5), "dcp": tmp_path / "dcp", "other": tmp_path / "other"}[what]
+    target = {
+        "file": ckpt / layout.LATEST_NAME,
+        "empty": tmp_path / "empty",
+        "step": ckpt / layout.step_dir_name(5),
+        "dcp": tmp_path / "dcp",
+        "other": tmp_path / "other",
+    }[what]
     (tmp_path / "empty").mkdir()
     make_plain_dcp(tmp_path / "dcp")
     (tmp_path / "other").mkdir()
@@ -197,7 +205,13 @@ def test_checks_work_on_a_read_only_directory_and_change_nothing(read_only_copy,
 
 def test_dry_runs_change_nothing_on_disk(ckpt, capsys):
     before = snapshot(ckpt)
-    for args in (("rollback", "--auto", "--dry-run"), ("rollback", "--dry-run"), ("rollback", "--to", "5", "--dry-run"), ("prune", "--keep-last", "1", "--dry-run"), ("reshard", "--world-size", "1", "--dry-run")):
+    for args in (
+        ("rollback", "--auto", "--dry-run"),
+        ("rollback", "--dry-run"),
+        ("rollback", "--to", "5", "--dry-run"),
+        ("prune", "--keep-last", "1", "--dry-run"),
+        ("reshard", "--world-size", "1", "--dry-run"),
+    ):
         code, _, err = cli(capsys, args[0], ckpt, *args[1:])
         assert code == 0, (args, err)
         assert snapshot(ckpt) == before, args
@@ -355,5 +369,7 @@ def test_piped_list_gives_whole_lines_grep_can_count(ckpt):
     assert sum("committed" in line for line in lines) == 4  # `ckpt list DIR | grep -c committed`
     assert "…" not in proc.stdout and "┃" not in proc.stdout
     assert lines[-1].split("\t")[-1] == "step_00000020"
-    proc = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "validate", str(ckpt), "--all"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_tool.cli.main", "validate", str(ckpt), "--all"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.count(": valid (") == 4

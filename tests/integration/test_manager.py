@@ -179,7 +179,9 @@ def test_checkpoint_entries_the_run_does_not_ask_for_are_named(tmp_path, caplog)
     run_steps(t, 1, 2)
     t.manager.close()
     t2 = make_trainer(tmp_path / "c", save_every=2)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(32, 4))  # a bias dropped
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32, bias=False), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )  # a bias dropped
     swap_in(t2, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
     with caplog.at_level("WARNING", logger="ckpt_tool"):
         assert t2.manager.resume() == 2

@@ -32,7 +32,9 @@ def launch(root: Path, name: str, nproc: int, batch_args: tuple[str, ...], *extr
     # Dropout off: after a reshard the RNG streams (dropout masks) follow other samples, so the
     # comparison would measure dropout noise, not the arithmetic. One thread per rank at every size
     # (torchrun pins it only with several ranks per node).
-    args = recipe_args(ckpt, metrics, STEPS, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", *batch_args, "--log-samples", str(root / "samples"), *extra)
+    args = recipe_args(
+        ckpt, metrics, STEPS, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", *batch_args, "--log-samples", str(root / "samples"), *extra
+    )
     return run(torchrun_command(nproc, args), root / f"{name}.log", timeout=300, env={"OMP_NUM_THREADS": "1"}), metrics
 
 
@@ -136,7 +138,9 @@ def test_offline_reshard_out_is_bit_identical_and_resumable(four_rank_checkpoint
         for k, v in flat_src.items():
             assert torch.equal(v, flat_dst[k]) if isinstance(v, torch.Tensor) else v == flat_dst[k], k
     # and a 3-rank job resumes from it (to step 25) without planning anything new
-    args = recipe_args(out, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "2")
+    args = recipe_args(
+        out, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "2"
+    )
     assert run(torchrun_command(3, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0
     assert [x.step for x in read_metrics(tmp_path / "m.jsonl")] == list(range(STEPS + 1, STEPS + 6))
 
@@ -191,13 +195,26 @@ def test_recover_the_dry_run_and_the_resume_use_one_plan(four_rank_checkpoint, t
     shutil.copytree(four_rank_checkpoint, ckpt)
     if recorded:
         assert ckpt_cli("reshard", ckpt, "--world-size", "2", "--micro-batch", "2", "--in-place").returncode == 0
-    expected = {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12} if recorded else {"micro_batch": 3, "grad_accum": 2, "dp_size": 2, "global_batch": 12}
+    expected = (
+        {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}
+        if recorded
+        else {"micro_batch": 3, "grad_accum": 2, "dp_size": 2, "global_batch": 12}
+    )
     dry = ckpt_cli("reshard", ckpt, "--world-size", "2", "--dry-run", "--json")
     assert json.loads(dry.stdout)["new"] == expected, dry.stderr
     recover = ckpt_cli("recover", ckpt, "--world-size", "2", "--run-dir", tmp_path / "run", "--json")
     assert json.loads(recover.stdout)["reshard"]["new"] == expected, recover.stderr
     assert json.loads((tmp_path / "run" / "recover.json").read_text())["reshard"]["new"] == expected
-    args = recipe_args(ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "6")
-    assert run(torchrun_command(2, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    args = recipe_args(
+        ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "6"
+    )
+    assert run(torchrun_command(2, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0, (
+        tmp_path / "resume.log"
+    ).read_text()[-3000:]
     batch = CheckpointStore(ckpt).read_manifest(STEPS + 5).batch
-    assert {"micro_batch": batch.micro_batch, "grad_accum": batch.grad_accum, "dp_size": batch.dp_size, "global_batch": batch.global_batch} == expected
+    assert {
+        "micro_batch": batch.micro_batch,
+        "grad_accum": batch.grad_accum,
+        "dp_size": batch.dp_size,
+        "global_batch": batch.global_batch,
+    } == expected

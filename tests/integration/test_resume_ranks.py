@@ -52,7 +52,9 @@ def saved_run(tmp_path, steps: int = 4):
 def resumption(tmp_path, comm: PeerComm) -> Resumption:
     t = make_trainer(tmp_path / "c")
     store = CheckpointStore(tmp_path / "c")
-    return Resumption(CheckpointConfig(tmp_path / "c"), t.manager.state, t.manager.probe_spec, store, comm, lambda: current_env(t.model, 1), None)
+    return Resumption(
+        CheckpointConfig(tmp_path / "c"), t.manager.state, t.manager.probe_spec, store, comm, lambda: current_env(t.model, 1), None
+    )
 
 
 def test_a_misfit_seen_by_another_rank_is_refused_everywhere_and_moves_nothing(tmp_path):

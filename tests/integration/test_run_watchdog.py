@@ -179,10 +179,18 @@ def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervis
     assert s.run() == ExitCode.OK, s.log_tail()
     assert [e["event"] for e in s.events()][-1] == "finished"
     printed = [json.loads(line) for line in s.log_tail().splitlines() if line.startswith('{"')]  # --json: one event per line
-    assert [e["event"] for e in printed][-1] == "finished" and printed == s.events()[-len(printed):]
-    status = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "status", str(s.ckpt), "--json"], capture_output=True, text=True, timeout=60)
+    assert [e["event"] for e in printed][-1] == "finished" and printed == s.events()[-len(printed) :]
+    status = subprocess.run(
+        [sys.executable, "-m", "ckpt_tool.cli.main", "status", str(s.ckpt), "--json"], capture_output=True, text=True, timeout=60
+    )
     report = json.loads(status.stdout)
     assert report["run_dir"] == str(s.ckpt / "run") and report["newest_checkpoint"] == 6
     assert [e["event"] for e in report["last_events"]][-1] == "finished"
-    no_dir = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "run", "--", "train.py"], capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "CKPT_DIR"})
+    no_dir = subprocess.run(
+        [sys.executable, "-m", "ckpt_tool.cli.main", "run", "--", "train.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "CKPT_DIR"},
+    )
     assert no_dir.returncode == 2 and "--ckpt-dir" in no_dir.stderr

@@ -19,7 +19,7 @@ def stage(store: CheckpointStore, step: int, run_id: str = "run1", payload: byte
     """Write a staged checkpoint of two 'rank' files and return its manifest (not committed)."""
     partial = store.partial_path(step)
     partial.mkdir()
-    data = {"__0_0.distcp": payload or os.urandom(1000) , "__1_0.distcp": os.urandom(500), ".metadata": b"meta"}
+    data = {"__0_0.distcp": payload or os.urandom(1000), "__1_0.distcp": os.urandom(500), ".metadata": b"meta"}
     for name, content in data.items():
         (partial / name).write_bytes(content)
     digests = hash_files(partial, sorted(data), run_id, step)

@@ -9,7 +9,16 @@ from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
 
 
 def beat(rank, step, phase, attempt=0, ckpt=None, pid=None, resumed_from=None):
-    return {"rank": rank, "pid": pid or os.getpid(), "step": step, "phase": phase, "attempt": attempt, "ckpt": ckpt, "resumed_from": resumed_from, "addr": ""}
+    return {
+        "rank": rank,
+        "pid": pid or os.getpid(),
+        "step": step,
+        "phase": phase,
+        "attempt": attempt,
+        "ckpt": ckpt,
+        "resumed_from": resumed_from,
+        "addr": "",
+    }
 
 
 def test_resumed_is_logged_after_a_requeue_and_after_a_restart(tmp_path):

@@ -64,5 +64,13 @@ def make_trainer(directory: Path, seed: int = 0, before_commit: Any = None, **co
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     data = Position()
     probe = ProbeSpec({"x": torch.ones(2, 16), "y": torch.zeros(2, 4)}, loss_fn)
-    manager = CheckpointManager(CheckpointConfig(directory, **config), model=model, optimizer=optimizer, scheduler=scheduler, data=data, probe=probe, before_commit=before_commit)
+    manager = CheckpointManager(
+        CheckpointConfig(directory, **config),
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=data,
+        probe=probe,
+        before_commit=before_commit,
+    )
     return Trainer(model, optimizer, scheduler, data, manager)

@@ -50,9 +50,30 @@ class Job:
         self.root = root
         self.ckpt, self.metrics = root / "ckpt", root / "metrics.jsonl"
         self.run_dir = self.ckpt / "run"
-        argv = [sys.executable, "-m", "ckpt_tool.cli.main", "submit", "--ckpt-dir", str(self.ckpt), "--time", "20:00", *submit_opts,
-                "--", "-m", "ckpt_tool.recipes.tiny_gpt", "--ckpt-dir", str(self.ckpt), "--metrics", str(self.metrics),
-                "--steps", str(steps), "--save-every", str(SAVE_EVERY), *FAST_ARGS, *recipe_extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "ckpt_tool.cli.main",
+            "submit",
+            "--ckpt-dir",
+            str(self.ckpt),
+            "--time",
+            "20:00",
+            *submit_opts,
+            "--",
+            "-m",
+            "ckpt_tool.recipes.tiny_gpt",
+            "--ckpt-dir",
+            str(self.ckpt),
+            "--metrics",
+            str(self.metrics),
+            "--steps",
+            str(steps),
+            "--save-every",
+            str(SAVE_EVERY),
+            *FAST_ARGS,
+            *recipe_extra,
+        ]
         if "--nodes" not in submit_opts:
             argv[4:4] = ["--nproc-per-node", "2"]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -93,7 +114,9 @@ class Job:
         self.wait_for(lambda: self.state() == "", "completion", timeout)
 
     def status(self) -> dict:
-        out = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "status", str(self.ckpt), "--json"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "ckpt_tool.cli.main", "status", str(self.ckpt), "--json"], capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
@@ -212,7 +235,19 @@ def test_python_api_submits_the_same_chain_through_submitit(slurm, reference_run
     from ckpt_tool.slurm.submit import submit
 
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
-    command = ["-m", "ckpt_tool.recipes.tiny_gpt", "--ckpt-dir", str(ckpt), "--metrics", str(metrics), "--steps", str(STEPS), "--save-every", str(SAVE_EVERY), *FAST_ARGS]
+    command = [
+        "-m",
+        "ckpt_tool.recipes.tiny_gpt",
+        "--ckpt-dir",
+        str(ckpt),
+        "--metrics",
+        str(metrics),
+        "--steps",
+        str(STEPS),
+        "--save-every",
+        str(SAVE_EVERY),
+        *FAST_ARGS,
+    ]
     job = submit(command, ckpt, nproc_per_node=2, time="20:00")
     assert isinstance(job, submitit.Job) and job.job_id.isdigit()
     script = (ckpt / "run").glob("submit-*.sbatch")

@@ -24,7 +24,16 @@ def test_help_shows_exit_codes_debug_and_completion(capsys):
     code, out, _ = ckpt(capsys, "--help")
     text = " ".join(out.split())
     assert code == 0
-    for words in ("Exit codes", "3 no checkpoint directory", "4 the checkpoint does not fit", "75", "76", "--debug", "--install-completion", "--version"):
+    for words in (
+        "Exit codes",
+        "3 no checkpoint directory",
+        "4 the checkpoint does not fit",
+        "75",
+        "76",
+        "--debug",
+        "--install-completion",
+        "--version",
+    ):
         assert words in text, words
 
 
@@ -33,10 +42,18 @@ def test_help_shows_exit_codes_debug_and_completion(capsys):
     [
         (["--debug", "list", "d"], ["list", "d"], True),
         (["list", "d", "--debug", "--json"], ["list", "d", "--json"], True),
-        (["submit", "--ckpt-dir", "x", "--debug", "--", "train.py", "--debug"], ["submit", "--ckpt-dir", "x", "--", "train.py", "--debug"], True),
+        (
+            ["submit", "--ckpt-dir", "x", "--debug", "--", "train.py", "--debug"],
+            ["submit", "--ckpt-dir", "x", "--", "train.py", "--debug"],
+            True,
+        ),
         (["submit", "--ckpt-dir", "x", "--", "train.py", "--debug"], ["submit", "--ckpt-dir", "x", "--", "train.py", "--debug"], False),
         (["submit", "--ckpt-dir", "x", "train.py", "--debug"], ["submit", "--ckpt-dir", "x", "train.py", "--debug"], False),
-        (["run", "--nproc-per-node", "2", "--", "-m", "mod", "--debug"], ["run", "--nproc-per-node", "2", "--", "-m", "mod", "--debug"], False),
+        (
+            ["run", "--nproc-per-node", "2", "--", "-m", "mod", "--debug"],
+            ["run", "--nproc-per-node", "2", "--", "-m", "mod", "--debug"],
+            False,
+        ),
         (["run", "--run-dir", "--debug", "--", "t.py"], ["run", "--run-dir", "--debug", "--", "t.py"], False),  # a value, not the flag
     ],
 )

@@ -43,6 +43,6 @@ def test_wrong_keys_and_types_are_clear_errors(tmp_path, text, message, hint):
 
 
 def test_the_same_checks_apply_to_tool_ckpt_in_pyproject(tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[tool.ckpt]\nqos = 3\n')
+    (tmp_path / "pyproject.toml").write_text("[tool.ckpt]\nqos = 3\n")
     with pytest.raises(CkptError, match="qos must be a string"):
         config.default("qos", tmp_path)

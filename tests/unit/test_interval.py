@@ -34,7 +34,15 @@ def test_goodput_falls_with_failures():
     assert goodput(3600, 60, 86400) > goodput(3600, 60, 3600)
 
 
-@pytest.mark.parametrize("kw", [{"checkpoint_s": 0, "mtbf_s": 10}, {"checkpoint_s": 1, "mtbf_s": -1}, {"checkpoint_s": 1, "mtbf_s": float("inf")}, {"checkpoint_s": 1, "mtbf_s": 10, "restart_s": -1}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"checkpoint_s": 0, "mtbf_s": 10},
+        {"checkpoint_s": 1, "mtbf_s": -1},
+        {"checkpoint_s": 1, "mtbf_s": float("inf")},
+        {"checkpoint_s": 1, "mtbf_s": 10, "restart_s": -1},
+    ],
+)
 def test_bad_inputs_are_refused(kw):
     with pytest.raises(CkptError):
         plan_interval(**kw)
@@ -55,7 +63,11 @@ def test_ckpt_plan_json_and_errors(capsys, tmp_path):
     expected = plan_interval(90, 50000 / 512 * 3600, step_s=2.0)
     assert out["interval_seconds"] == pytest.approx(expected.interval_s, abs=1e-3)
     assert out["interval_steps"] == expected.interval_steps and out["expected_goodput"] == pytest.approx(expected.goodput, abs=1e-6)
-    for bad in (["plan", "--ckpt-seconds", "90"], ["plan", "--ckpt-seconds", "-1", "--mtbf-hours", "3"], ["plan", "--ckpt-seconds", "9", "--mtbf-hours", "3", "--gpus", "2", "--gpu-mtbf-hours", "5"]):
+    for bad in (
+        ["plan", "--ckpt-seconds", "90"],
+        ["plan", "--ckpt-seconds", "-1", "--mtbf-hours", "3"],
+        ["plan", "--ckpt-seconds", "9", "--mtbf-hours", "3", "--gpus", "2", "--gpu-mtbf-hours", "5"],
+    ):
         with pytest.raises(SystemExit) as e:
             main(bad)
         assert e.value.code == 2

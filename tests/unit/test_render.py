@@ -32,8 +32,26 @@ def spec(**kw) -> JobSpec:
     "name, kw",
     [
         ("basic", {}),
-        ("full", {"nodes": 4, "gpus_per_node": 8, "cpus_per_task": 64, "mem": "400G", "time": "2-00:00:00", "partition": "gpu", "account": "ml", "qos": "high", "constraint": "h100&ib",
-                      "job_name": "llm-7b", "signal_lead_s": 420, "max_requeues": 3, "max_restarts": 2, "extra_sbatch": ("--exclusive",), "env": (("NCCL_DEBUG", "WARN"),)}),
+        (
+            "full",
+            {
+                "nodes": 4,
+                "gpus_per_node": 8,
+                "cpus_per_task": 64,
+                "mem": "400G",
+                "time": "2-00:00:00",
+                "partition": "gpu",
+                "account": "ml",
+                "qos": "high",
+                "constraint": "h100&ib",
+                "job_name": "llm-7b",
+                "signal_lead_s": 420,
+                "max_requeues": 3,
+                "max_restarts": 2,
+                "extra_sbatch": ("--exclusive",),
+                "env": (("NCCL_DEBUG", "WARN"),),
+            },
+        ),
     ],
 )
 def test_rendered_script_matches_golden_file(name, kw):
@@ -50,8 +68,16 @@ def test_rendered_script_matches_golden_file(name, kw):
 
 def test_the_chain_has_the_protocol_parts():
     script = render(spec(), TEMPLATE)
-    for must in ("#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=B:USR1@120", "trap 'ckpt_on_signal USR1' USR1",
-                 "${SLURM_RESTART_COUNT:-0}", 'scontrol requeue "$SLURM_JOB_ID"', "PAYLOAD=$!", 'wait "$PAYLOAD"'):
+    for must in (
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --signal=B:USR1@120",
+        "trap 'ckpt_on_signal USR1' USR1",
+        "${SLURM_RESTART_COUNT:-0}",
+        'scontrol requeue "$SLURM_JOB_ID"',
+        "PAYLOAD=$!",
+        'wait "$PAYLOAD"',
+    ):
         assert must in script, must
     assert script.index("trap ") < script.index(" recover ") < script.index("srun ")
 
@@ -76,7 +102,9 @@ def test_hostile_paths_and_args_end_up_inert(tmp_path, hostile):
     marker = tmp_path / "pwned"
     value = hostile.format(marker=marker)
     folder = value.replace("\n", "_")  # a newline in a path is refused (below); in an argument it is data
-    s = spec(command=("train.py", "--name", value, value), ckpt_dir=f"/data/{folder}/ck", run_dir=f"/data/{folder}/run", env=(("TAG", value),))
+    s = spec(
+        command=("train.py", "--name", value, value), ckpt_dir=f"/data/{folder}/ck", run_dir=f"/data/{folder}/run", env=(("TAG", value),)
+    )
     script = render(s, TEMPLATE)
     args, ckpt_dir, run_dir = shell_values(script, marker)
     assert args == ["train.py", "--name", value, value]

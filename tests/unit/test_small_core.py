@@ -17,7 +17,9 @@ def test_resolve_batch_derives_the_missing_value():
     assert resolve_batch(1, None, None, None) == BatchConfig(8, 1, 1)
 
 
-@pytest.mark.parametrize("args, message", [((2, 5, None, 24), "not divisible"), ((2, 4, 2, 24), "not the global batch"), ((4, None, 4, 8), "not divisible")])
+@pytest.mark.parametrize(
+    "args, message", [((2, 5, None, 24), "not divisible"), ((2, 4, 2, 24), "not the global batch"), ((4, None, 4, 8), "not divisible")]
+)
 def test_resolve_batch_refuses_with_reason(args, message):
     with pytest.raises(CkptError, match=message) as err:
         resolve_batch(*args)
@@ -59,7 +61,13 @@ def test_fallback_step():
 
 def test_structure_and_hash_problems():
     files = (FileEntry("a", 3, "h1", 0), FileEntry("b", 4, "h2", 0), FileEntry("c", 5, "h3", 1), FileEntry("d", 1, "h4", 1))
-    disk = {"a": DiskEntry(3, True), "b": DiskEntry(2, True), "d": DiskEntry(1, False), "ckpt_manifest.json": DiskEntry(9, True), "zz": DiskEntry(1, True)}
+    disk = {
+        "a": DiskEntry(3, True),
+        "b": DiskEntry(2, True),
+        "d": DiskEntry(1, False),
+        "ckpt_manifest.json": DiskEntry(9, True),
+        "zz": DiskEntry(1, True),
+    }
     problems = {(p.file, p.what.split(" ")[0]) for p in structure_problems(files, disk)}
     assert problems == {("b", "size"), ("c", "missing"), ("d", "not"), ("zz", "extra")}
     [p] = hash_problems(files, {"a": "h1", "b": "XX"})
