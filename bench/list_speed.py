@@ -5,7 +5,7 @@ manifest is the template. Two checkpoint directories are then filled with 10 and
 1,000) committed checkpoints, steps 10, 20, ...: each a ``step_XXXXXXXX`` directory holding a
 copy of the template manifest with ``step`` (and ``created_at``) rewritten, plus one ``commit``
 line per step in ``index.jsonl`` (``ckpt_tool.core.index.format_event`` of
-``ckpt_tool.store.store.commit_summary``, as ``CheckpointStore.commit`` writes it) and LATEST
+``ckpt_tool.core.listing.commit_summary``, as ``CheckpointStore.commit`` writes it) and LATEST
 naming the newest. The step directories hold no data files: listing never opens them
 (``CheckpointStore.listing()`` lists the directory, checks each step's manifest exists, and reads
 the index; manifests only for steps the index does not describe).
@@ -46,7 +46,7 @@ def populate(directory: Path, count: int, template: Any) -> None:
     """``count`` committed checkpoints (manifest + index line each) and LATEST."""
     from ckpt_tool.core import layout
     from ckpt_tool.core.index import format_event
-    from ckpt_tool.store.store import commit_summary
+    from ckpt_tool.core.listing import commit_summary
 
     directory.mkdir(parents=True)
     raw = json.loads(template.to_json())

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from ckpt_tool import __version__
-from ckpt_tool.cli import checkpoints, demo, jobs, plan
+from ckpt_tool.cli import changes, checkpoints, demo, jobs, plan, runs
 from ckpt_tool.cli.output import err
 from ckpt_tool.errors import CkptError
 
@@ -40,9 +40,9 @@ app.command("demo")(demo.demo)
 app.command("list")(checkpoints.list_checkpoints)
 app.command("validate")(checkpoints.validate)
 app.command("verify")(checkpoints.verify)
-app.command("rollback")(checkpoints.rollback)
-app.command("prune")(checkpoints.prune)
-app.command("reshard")(checkpoints.reshard)
+app.command("rollback")(changes.rollback)
+app.command("prune")(changes.prune)
+app.command("reshard")(changes.reshard)
 # Commands whose trailing words are the training command: ckpt's options end at its first word.
 PASSTHROUGH = {"run": jobs.run, "submit": jobs.submit}
 for _name, _fn in PASSTHROUGH.items():
@@ -50,8 +50,8 @@ for _name, _fn in PASSTHROUGH.items():
 app.command("recover")(jobs.recover)
 app.command("note", hidden=True)(jobs.note_cmd)
 app.command("free-port", hidden=True)(jobs.free_port)
-app.command("status")(jobs.status)
-app.command("history")(jobs.history)
+app.command("status")(runs.status)
+app.command("history")(runs.history)
 app.command("plan")(plan.plan)
 
 

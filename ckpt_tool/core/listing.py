@@ -17,6 +17,7 @@ from typing import Any
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import CheckState, IndexEvent, check_states
+from ckpt_tool.core.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -104,3 +105,16 @@ def latest_problem(latest: int | None, pointer_error: str | None, step_dirs: Map
     if not step_dirs[latest]:
         return f"LATEST names step {latest}, which has no manifest (damaged)"
     return None
+
+
+def commit_summary(manifest: Manifest) -> dict[str, object]:
+    """What ``ckpt list`` shows of a checkpoint, kept in the index so listing reads no manifest."""
+    return {
+        "step": manifest.step,
+        "bytes": manifest.total_bytes,
+        "run_id": manifest.run_id,
+        "world_size": manifest.world_size,
+        "global_batch": manifest.batch.global_batch if manifest.batch is not None else None,
+        "probe_loss": manifest.probe.loss if manifest.probe is not None else None,
+        "created_at": manifest.created_at,
+    }

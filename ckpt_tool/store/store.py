@@ -22,12 +22,13 @@ from pathlib import Path
 from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import DiskEntry, Problem, hash_problems, structure_problems
 from ckpt_tool.core.index import EventLog, IndexEvent, format_event, parse_index
-from ckpt_tool.core.listing import Listing, build_rows, latest_problem
+from ckpt_tool.core.listing import commit_summary
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.ownership import Owner
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import hash_files
 from ckpt_tool.store.durable import append_line, atomic_write, fsync_dir
+from ckpt_tool.store.inspection import InspectionMixin
 from ckpt_tool.store.locks import LOCK_TIMEOUT_S, DirectoryLock
 from ckpt_tool.store.maintenance import MaintenanceMixin
 from ckpt_tool.store.ownership import OwnershipMixin
@@ -49,20 +50,7 @@ class ValidationResult:
         return not self.problems and not self.unreadable
 
 
-def commit_summary(manifest: Manifest) -> dict[str, object]:
-    """What ``ckpt list`` shows of a checkpoint, kept in the index so listing reads no manifest."""
-    return {
-        "step": manifest.step,
-        "bytes": manifest.total_bytes,
-        "run_id": manifest.run_id,
-        "world_size": manifest.world_size,
-        "global_batch": manifest.batch.global_batch if manifest.batch is not None else None,
-        "probe_loss": manifest.probe.loss if manifest.probe is not None else None,
-        "created_at": manifest.created_at,
-    }
-
-
-class CheckpointStore(OwnershipMixin, MaintenanceMixin):
+class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
     def __init__(self, root: Path | str, create: bool = False) -> None:
         self.root = Path(root)
         self._lock = DirectoryLock(self.root)
@@ -271,78 +259,6 @@ class CheckpointStore(OwnershipMixin, MaintenanceMixin):
     def step_dirs(self) -> list[int]:
         """Every ``step_N`` directory, committed or not (a manifest may be missing or damaged)."""
         return sorted(e.step for e in self._scan() if e.kind is layout.EntryKind.STEP)
-
-    def listing(self) -> Listing:
-        """``ckpt list``: every step directory found, with its status, and the state of LATEST.
-        One directory listing plus the index; manifests only for steps the index does not
-        describe (an index lost or truncated)."""
-        entries = list(self._scan())
-        step_dirs = {e.step: (self.root / e.name / layout.MANIFEST_NAME).is_file() for e in entries if e.kind is layout.EntryKind.STEP}
-        log = self.event_log()
-        known = {e.step for e in log.events if e.event == "commit"}
-        summaries = {}
-        for step in {s for s, committed in step_dirs.items() if committed} - known:
-            try:
-                summaries[step] = commit_summary(self.read_manifest(step))
-            except CkptError:
-                pass
-        quarantined = []
-        if self.quarantine_root.is_dir():
-            for name in sorted(os.listdir(self.quarantine_root)):
-                step = layout.parse_step_dir_name(name.split(".")[0])
-                if step is not None:
-                    quarantined.append((step, name))
-        try:
-            latest, pointer_error = self.read_latest(), None
-        except CkptError as exc:
-            latest, pointer_error = None, exc.message
-        rows = build_rows(
-            step_dirs,
-            [e.step for e in entries if e.kind is layout.EntryKind.PARTIAL],
-            [e.step for e in entries if e.kind is layout.EntryKind.DELETING],
-            quarantined,
-            log.events,
-            latest,
-            summaries,
-        )
-        note = log.skipped_note(layout.INDEX_NAME)
-        return Listing(
-            tuple(rows), latest, latest_problem(latest, pointer_error, step_dirs, any(step_dirs.values())), (note,) if note else ()
-        )
-
-    def kind(self, names: list[str] | None = None) -> layout.DirectoryKind:
-        """What this directory is: ours, empty, one step directory, plain DCP, something else."""
-        return layout.classify_directory(self.root.name, os.listdir(self.root) if names is None else names)
-
-    def require_checkpoint_directory(self) -> None:
-        """Refuse, saying what was found, a directory that is not a ckpt-tool checkpoint
-        directory: an empty one, a single step directory, a plain DCP checkpoint, anything else.
-        Commands that only read then never create files in a directory they do not own."""
-        names = sorted(os.listdir(self.root))
-        kind = self.kind(names)
-        expects = "ckpt expects the directory given to CheckpointManager (it holds step_NNNNNNNN/ directories, LATEST and index.jsonl)"
-        if kind is layout.DirectoryKind.CHECKPOINTS:
-            return
-        if kind is layout.DirectoryKind.EMPTY:
-            raise CkptError(
-                f"{self.root} is empty: no checkpoint was written there",
-                f"check the path; a training run writes its first checkpoint there at its first save. {expects}",
-                ExitCode.NOT_FOUND,
-            )
-        if kind is layout.DirectoryKind.ONE_CHECKPOINT:
-            raise CkptError(
-                f"{self.root} is a single checkpoint, not a checkpoint directory",
-                f"pass the directory that holds it: {self.root.parent}",
-                ExitCode.USAGE,
-            )
-        if kind is layout.DirectoryKind.PLAIN_DCP:
-            raise CkptError(
-                f"{self.root} is a plain DCP checkpoint (torch.distributed.checkpoint), not a ckpt-tool checkpoint directory",
-                f"torch's dcp.load reads it as it is; {expects}",
-                ExitCode.USAGE,
-            )
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise CkptError(f"{self.root} is not a checkpoint directory: it holds {shown}", f"check the path; {expects}", ExitCode.USAGE)
 
     def record_check(self, step: int, kind: str, ok: bool, problems: list[str]) -> str | None:
         """Record a validation or verification result in the index (``validated`` / ``verified``).

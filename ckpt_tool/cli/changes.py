@@ -1,0 +1,193 @@
+"""``ckpt rollback / prune / reshard``: the commands that change a checkpoint directory (each has a
+``--dry-run`` that changes nothing). Parse, call the layers below, print."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, note, open_checkpoints, resolve_step, run_entry
+from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table
+from ckpt_tool.core import layout
+from ckpt_tool.core.retention import RetentionPolicy
+from ckpt_tool.errors import CkptError, ExitCode
+
+
+# --------------------------------------------------------------------------- rollback
+def rollback(
+    directory: Path = DirArg,
+    to: int | None = typer.Option(None, "--to", min=0, max=layout.MAX_STEP, help="Move LATEST to this step."),
+    auto: bool = typer.Option(False, "--auto", help="Walk back from LATEST, validating and verifying each, until one passes."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing on disk."),
+    entry: str | None = typer.Option(None, "--entry", help="Entry point for verification (default: the manifest's)."),
+    reason: str = typer.Option("manual rollback", help="Recorded in the index with the event."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Move LATEST back to a good checkpoint; newer ones are moved into quarantine/ (never deleted)."""
+    from ckpt_tool.ops.rollback import rollback as do_rollback
+
+    if to is not None and auto:
+        raise CkptError("--to and --auto exclude each other", "give one of them", ExitCode.USAGE)
+    report = do_rollback(open_checkpoints(directory), to, auto, dry_run, entry, reason)
+    if as_json:
+        print_json(report.to_json())
+        return
+    if report.attempts:
+        print_table(
+            [
+                Column("step"),
+                Column("valid", styles={"yes": "green", "no": "red"}),
+                Column("verified", styles={"yes": "green", "no": "red"}),
+                Column("problems"),
+            ],
+            [(a.step, a.valid, a.verified, "; ".join(a.problems[:3]) or "-") for a in report.attempts],
+            title="checkpoints tried",
+        )
+    if report.latest_problem:
+        out.print(f"[bold red]LATEST:[/] {escape(report.latest_problem)}")
+    if report.target == report.previous_latest and not report.latest_problem:
+        out.print(f"LATEST already names step {report.target}, which passed: nothing to do")
+    elif report.previous_latest is None or report.latest_problem:
+        out.print(f"{'would point' if dry_run else 'pointed'} LATEST at step {report.target}")
+    else:
+        out.print(f"{'would move' if dry_run else 'moved'} LATEST from step {report.previous_latest} to step {report.target}")
+    if report.quarantined:
+        out.print(
+            f"{'would quarantine' if dry_run else 'quarantined'} steps {human(list(report.quarantined))} into {escape(str(directory / layout.QUARANTINE_NAME))}"
+        )
+    for text in report.notes:
+        note(text)
+
+
+# --------------------------------------------------------------------------- prune
+def prune(
+    directory: Path = DirArg,
+    keep_last: int = typer.Option(
+        ..., min=1, help="Keep the newest K checkpoints not known to be damaged (required: deleting has no default)."
+    ),
+    keep_every: int | None = typer.Option(None, min=1, help="Also keep every step divisible by M."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted; delete nothing."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Apply the retention policy by hand (never LATEST, never quarantined or damaged checkpoints).
+
+    Before deleting anything, the newest checkpoint that would be kept is validated (hashes);
+    one that fails is recorded invalid and no longer counts, so a directory is never left
+    without a checkpoint that passes validation.
+    """
+    from ckpt_tool.training.validation import validate_checkpoint
+
+    store = open_checkpoints(directory)
+    notes: list[str] = []
+
+    def confirm(step: int) -> bool:
+        result = validate_checkpoint(store, step)
+        if result.unreadable and not result.problems:
+            raise store.permission_denied(store.step_path(step) / result.unreadable[0])
+        if not dry_run:
+            notes.append(store.record_check(step, "validated", result.ok, [str(p) for p in result.problems]) or "")
+        if not result.ok:
+            err.print(f"[yellow]step {step} failed validation:[/] {escape(str(result.problems[0]))}; it is kept and no longer counts")
+        return result.ok
+
+    victims = store.apply_retention(RetentionPolicy(keep_last, keep_every), dry_run=dry_run, confirm=confirm)
+    if as_json:
+        print_json(
+            {
+                "dry_run": dry_run,
+                "deleted": [] if dry_run else victims,
+                "would_delete": victims if dry_run else [],
+                "notes": [n for n in notes if n],
+            }
+        )
+        return
+    if not victims:
+        out.print("nothing to delete")
+    else:
+        out.print(f"{'would delete' if dry_run else 'deleted'} steps {human(victims)}")
+    for text in notes:
+        note(text)
+
+
+# --------------------------------------------------------------------------- reshard
+def _check_out_dir(source: Path, out_dir: Path) -> None:
+    """--out must be a new (or empty) directory apart from the source."""
+    src, dst = source.resolve(), out_dir.resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        raise CkptError(
+            f"--out {out_dir} is the source directory {source} or overlaps it",
+            "write the resharded copy to a new directory outside the source, e.g. --out ckpts-48",
+            ExitCode.USAGE,
+        )
+    if dst.exists() and not dst.is_dir():
+        raise CkptError(f"--out {out_dir} is a file", "give --out a new directory for the resharded copy", ExitCode.USAGE)
+    if dst.is_dir() and os.listdir(dst):
+        raise CkptError(
+            f"--out {out_dir} is not empty",
+            "give --out a new (or empty) directory: a resharded copy never mixes with other checkpoints",
+            ExitCode.USAGE,
+        )
+
+
+def reshard(
+    directory: Path = DirArg,
+    world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of data-parallel ranks."),
+    step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Default: the step LATEST names."),
+    micro_batch: int | None = typer.Option(
+        None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."
+    ),
+    in_place: bool = typer.Option(False, "--in-place", help="Record the plan in the checkpoint's manifest lineage (used at resume)."),
+    out_dir: Path | None = typer.Option(None, "--out", help="Also write a copy laid out for the new world size into this new directory."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Check that a checkpoint loads at a new world size and plan the batch split that keeps the global batch."""
+    from ckpt_tool.ops.reshard import check_reshard, record_plan
+
+    if in_place and out_dir is not None:
+        raise CkptError("--in-place and --out exclude each other", "give one of them", ExitCode.USAGE)
+    store = open_checkpoints(directory)
+    if out_dir is not None:
+        _check_out_dir(directory, out_dir)
+    report = check_reshard(store, resolve_step(store, step), world_size, micro_batch)
+    if in_place and not dry_run:
+        record_plan(store, report)
+    if out_dir is not None and not dry_run:
+        run_entry(
+            "ckpt_tool.entrypoints.reshard",
+            world_size,
+            [str(directory), str(report.step), str(out_dir), *([str(micro_batch)] if micro_batch else [])],
+            "writing the resharded copy",
+        )
+    if as_json:
+        print_json(
+            report.to_json()
+            | {"dry_run": dry_run, "recorded": in_place and not dry_run, "out": None if out_dir is None or dry_run else str(out_dir)}
+        )
+        return
+    plan = report.plan.to_json()
+    print_table(
+        [
+            Column(""),
+            Column("world size", justify="right"),
+            Column("micro-batch", justify="right"),
+            Column("grad accumulation", justify="right"),
+            Column("global batch", justify="right"),
+        ],
+        [
+            (name, w, b["micro_batch"], b["grad_accum"], b["global_batch"])
+            for name, b, w in (("old", plan["old"], report.old_world_size), ("new", plan["new"], report.new_world_size))
+        ],
+        title=f"reshard step {report.step}: {report.old_world_size} -> {report.new_world_size} ranks",
+    )
+    out.print(f"data position (global, unchanged): {escape(human(report.data_position))}")
+    if out_dir is not None and not dry_run:
+        out.print(
+            f"wrote step {report.step} laid out for {world_size} ranks to {escape(str(out_dir))}; resume there with {world_size} ranks"
+        )
+    elif in_place and not dry_run:
+        out.print("recorded in the manifest's lineage: resume the job at the new size")
+    else:
+        out.print("nothing written; resuming at the new size applies this plan automatically (--in-place records it)")

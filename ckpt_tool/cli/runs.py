@@ -1,0 +1,168 @@
+"""``ckpt status / history``: what happened to a run, from its run directory (``CKPT_DIR/run``),
+its checkpoint index and SLURM. Parse, read, print."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table, shorten
+from ckpt_tool.core.layout import RUN_DIR_NAME
+from ckpt_tool.errors import CkptError, ExitCode
+
+JsonOpt = typer.Option(False, "--json", help="Print JSON instead of text.")
+
+
+def _locate(target: Path) -> tuple[Path, Path | None]:
+    """(run directory, checkpoint directory or None) from either: a checkpoint directory's run
+    directory is ``CKPT_DIR/run``; a run directory's checkpoint directory is its parent."""
+    if not target.exists():
+        raise CkptError(
+            f"{target} does not exist", "pass the --ckpt-dir of the run (or its run/ directory), or a job id", ExitCode.NOT_FOUND
+        )
+    if not target.is_dir():
+        raise CkptError(
+            f"{target} is a file, not a checkpoint or run directory",
+            "pass the --ckpt-dir of the run (or its run/ directory), or a job id",
+            ExitCode.USAGE,
+        )
+    if (target / "events.jsonl").exists() or (target.name == RUN_DIR_NAME and not (target / RUN_DIR_NAME).exists()):
+        parent = target.parent
+        return target, parent if (parent / "LATEST").exists() or (parent / "index.jsonl").exists() else None
+    return target / RUN_DIR_NAME, target
+
+
+def _skipped_note(run_dir: Path, skipped: tuple[int, ...]) -> str | None:
+    from ckpt_tool.core.index import EventLog
+
+    return EventLog((), skipped).skipped_note(str(run_dir / "events.jsonl"))
+
+
+def status(
+    target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
+    from ckpt_tool.slurm.commands import job_state
+    from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.supervise.events import load_events
+
+    report: dict[str, Any] = {}
+    events: list[dict[str, Any]] = []
+    notes: list[str] = []
+    job_id = target if target.isdigit() else None
+    if job_id is None:
+        run_dir, ckpt_dir = _locate(Path(target))
+        events, skipped = load_events(run_dir)
+        notes += [n for n in [_skipped_note(run_dir, skipped)] if n]
+        ids = [e.get("job_id") for e in events if e.get("job_id")]
+        job_id = str(ids[-1]) if ids else None
+        report["run_dir"] = str(run_dir)
+        if ckpt_dir is not None:
+            store = CheckpointStore(ckpt_dir)
+            latest = store.latest_or_none()
+            report["newest_checkpoint"] = latest
+            if latest is not None:
+                try:
+                    report["checkpoint_age_s"] = round(time.time() - store.read_manifest(latest).created_at, 1)
+                except CkptError as exc:
+                    notes.append(f"newest checkpoint: {exc.message}")
+    state = job_state(job_id) if job_id else None
+    if target.isdigit() and state is None:
+        raise CkptError(
+            f"SLURM knows no job {target}",
+            "it may have ended before MinJobAge (`sacct -c` keeps finished jobs only with jobcomp): pass the --ckpt-dir of the run instead",
+            ExitCode.NOT_FOUND,
+        )
+    report["job_id"] = job_id
+    report["job_state"] = state.state if state else None
+    report["slurm_restarts"] = state.restarts if state else None
+    job_events = [e for e in events if str(e.get("job_id", job_id)) == str(job_id)] if job_id else events
+    report["starts"] = sum(1 for e in job_events if e["event"] == "job_start")
+    report["requeues"] = sum(1 for e in events if e["event"] == "requeue")
+    report["in_allocation_restarts"] = sum(1 for e in events if e["event"] == "restarted")
+    finals = [
+        e["event"]
+        for e in events
+        if e["event"] in ("job_finished", "job_failed", "cancelled", "max_requeues_reached", "requeue_failed", "crash_loop", "fatal")
+    ]
+    report["final"] = finals[-1] if finals else None
+    report["last_events"] = events[-8:]
+    report["notes"] = notes
+    if as_json:
+        print_json(report)
+        return
+    out.print(
+        f"job [bold]{escape(report['job_id'] or '-')}[/]: {escape(report['job_state'] or 'unknown')}  starts {report['starts']}  requeues {report['requeues']}  restarts in allocation {report['in_allocation_restarts']}"
+    )
+    if "newest_checkpoint" in report:
+        age = report.get("checkpoint_age_s")
+        out.print(
+            f"newest checkpoint: {'step ' + str(report['newest_checkpoint']) if report['newest_checkpoint'] is not None else 'none yet'}"
+            + (f" ({age:.0f} s old)" if age is not None else "")
+        )
+    if report["final"]:
+        out.print(f"final state: [bold]{report['final']}[/]")
+    for e in report["last_events"]:
+        out.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {escape(_details(e, e['event'] + ' '))}")
+    for text in notes:
+        err.print(f"[yellow]note:[/] {escape(text)}")
+
+
+def _details(e: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ("time", "event", "source", "argv", "run_id")) -> str:
+    return prefix + " ".join(f"{k}={human(v)}" for k, v in e.items() if k not in skip)
+
+
+def history(
+    target: Path = typer.Argument(..., help="A checkpoint directory or a run directory.", show_default=False),
+    as_json: bool = JsonOpt,
+) -> None:
+    """The run's timeline: saves, failures, restarts, requeues and rollbacks."""
+    from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.supervise.events import load_events
+
+    run_dir, ckpt_dir = _locate(target)
+    records, skipped = load_events(run_dir)
+    timeline = [{"source": "run", **e} for e in records]
+    notes = [n for n in [_skipped_note(run_dir, skipped)] if n]
+    if ckpt_dir is not None and ckpt_dir.is_dir() and (ckpt_dir / "index.jsonl").exists():
+        log = CheckpointStore(ckpt_dir).event_log()
+        timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in log.events]
+        notes += [n for n in [log.skipped_note(str(ckpt_dir / "index.jsonl"))] if n]
+    if not timeline:
+        raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of the run (or its run/ directory)", ExitCode.NOT_FOUND)
+    timeline.sort(key=lambda e: e["time"])
+    if as_json:
+        print_json({"events": timeline, "notes": notes})
+        return
+    styles = {
+        "hang": "red",
+        "rank_exited": "red",
+        "quarantine": "red",
+        "crash_loop": "red",
+        "fatal": "red",
+        "job_failed": "red",
+        "requeue": "yellow",
+        "restarted": "yellow",
+        "rollback": "yellow",
+        "commit": "green",
+    }
+    print_table(
+        [
+            Column(
+                "time",
+                terminal=lambda t: time.strftime("%m-%d %H:%M:%S", time.localtime(t)),
+                full=lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)),
+            ),
+            Column("source"),
+            Column("event", styles=styles),
+            Column("details", terminal=lambda d: shorten(d, 120), full=str),
+        ],
+        [(e["time"], e["source"], e["event"], _details(e)) for e in timeline],
+        title=f"history of {target}",
+    )
+    for text in notes:
+        err.print(f"[yellow]note:[/] {escape(text)}")
