@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench bench-long slurm-up slurm-down clean
+.PHONY: demo test test-fast lint bench bench-long slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +29,11 @@ test: $(STAMP)
 ## make test-fast: only the tests that need no torchrun (seconds).
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+
+## make lint: ruff's checks and formatting (CI runs it before the tests).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ckpt_tool tests bench setup.py
+	$(VENV)/bin/ruff format --check ckpt_tool tests bench setup.py
 
 ## make bench: measure the figures in BENCHMARKS.md (several minutes).
 bench: $(STAMP)

@@ -1,6 +1,7 @@
 """What a bit-identical resume depends on, and which differences break it. Pure.
 
-Measured on this project's reference recipe (../shared/notes/torch-dcp-on-cpu.md): the world
+Measured on this project's reference recipe (tests/integration/test_manager.py and README, 'When
+is a resume bit-identical?'): the world
 size, the intra-op thread count (LayerNorm gradients change bits between 1 and 2 threads), the
 torch version and the parameter dtype all change the arithmetic. When one differs, the resume is
 still correct but no longer bit-identical, and the user is told which and why.

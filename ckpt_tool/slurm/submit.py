@@ -101,8 +101,23 @@ class ChainExecutor(submitit.SlurmExecutor):
 
 
 def submit(command: Sequence[str], ckpt_dir: Path | str, **options: Any) -> submitit.Job:
-    """Submit the chain from Python; options are those of ``ckpt submit`` (nodes, nproc_per_node,
-    time, partition, max_requeues...). Returns submitit's job object."""
+    """Submit the requeue chain from Python, the same script ``ckpt submit`` writes.
+
+    Args:
+        command: the training script and its arguments (or ``["-m", "module", ...]``).
+        ckpt_dir: the checkpoint directory (exported to the job as ``CKPT_DIR``).
+        options: ``JobSpec`` fields, as the options of ``ckpt submit`` (``nodes``,
+            ``nproc_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem``, ``time``,
+            ``partition``, ``max_requeues``, ``env``...).
+
+    Returns:
+        submitit's ``Job`` (``job_id``, ``state``, ``cancel()``).
+
+    Raises:
+        CkptError: a bad option (exit 2), e.g. a SLURM value with characters SLURM would misread,
+            or a training command whose ``--ckpt-dir`` names another directory.
+        submitit's errors when ``sbatch`` fails.
+    """
     spec, script = prepare(command, Path(ckpt_dir), **options)
     write_script(spec, script)
     job = ChainExecutor(Path(spec.run_dir) / "submitit", script).submit_chain()

@@ -51,6 +51,17 @@ class ValidationResult:
 
 
 class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
+    """One checkpoint directory. Reading needs no lock; every change goes through ``changing()``.
+
+    Args:
+        root: the directory.
+        create: make it (and its parents) when missing; otherwise it must exist.
+
+    Raises:
+        CkptError: cannot be created (exit 2), does not exist (exit 3), is a file or may not be
+            read by this user (exit 2). Methods raise it too, each saying why and what to do.
+    """
+
     def __init__(self, root: Path | str, create: bool = False) -> None:
         self.root = Path(root)
         self._lock = DirectoryLock(self.root)

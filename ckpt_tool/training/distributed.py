@@ -23,6 +23,19 @@ def default_backend() -> str:
 
 
 def init_distributed(backend: str | None = None, timeout: timedelta | None = None) -> None:
+    """Call instead of ``torch.distributed.init_process_group()``.
+
+    Under torchrun, every attempt (``TORCHELASTIC_RESTART_COUNT``) gets its own key prefix in the
+    agent's store, so an in-place restart does not read the dead ranks' addresses. Outside
+    torchrun it makes a one-process group (``python train.py`` works too).
+
+    Args:
+        backend: default ``gloo`` on CPU, ``cpu:gloo,cuda:nccl`` when CUDA is available.
+        timeout: passed to ``init_process_group`` (collectives' timeout).
+
+    Raises:
+        whatever ``torch.distributed.init_process_group`` raises (e.g. a rendezvous timeout).
+    """
     backend = backend or default_backend()
     kwargs = {"timeout": timeout} if timeout is not None else {}
     if "RANK" not in os.environ:

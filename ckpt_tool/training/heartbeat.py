@@ -120,7 +120,14 @@ _instance: Heartbeat | None = None
 
 
 def heartbeat() -> Heartbeat:
-    """The process's heartbeat, connected when ``ckpt run`` set CKPT_HEARTBEAT_SOCKET."""
+    """The process's heartbeat: connected to the ``ckpt run`` supervisor when it set
+    ``CKPT_HEARTBEAT_SOCKET``, a no-op otherwise (one per torchrun attempt).
+
+    Use ``beat(step, phase)``, ``with phase("data"):`` around a data loader (a slow batch is not a
+    hang), ``stop_requested()`` (the supervisor asked for a checkpoint and a stop), and
+    ``fatal(exit_code, message)`` before exiting on an error a restart cannot fix. Never raises:
+    a vanished supervisor makes every call a no-op.
+    """
     global _instance
     if _instance is None or _instance.attempt != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
         _instance = Heartbeat(os.environ.get(channel.ENV_SOCKET))
