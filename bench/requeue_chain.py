@@ -49,7 +49,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -59,8 +58,9 @@ from typing import Any
 import common
 from common import Result, Row, Stats
 
+from ckpt_tool.recipes.launch import RECIPE, ckpt_submit_command
+
 REPO = Path(__file__).resolve().parent.parent
-RECIPE = "ckpt_tool.recipes.tiny_gpt"
 RECIPE_ARGS = ("--steps", "60", "--save-every", "5", "--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")
 STEPS = 60
 USR1_AT_STEP = 15
@@ -279,26 +279,9 @@ def first_event(events: list[dict[str, Any]], name: str, after: float, **match: 
 
 def submit(root: Path) -> tuple[str, Path, Path]:
     ckpt, metrics = root / "ckpt", root / "metrics.jsonl"
-    argv = [
-        sys.executable,
-        "-m",
-        "ckpt_tool.cli.main",
-        "submit",
-        "--ckpt-dir",
-        str(ckpt),
-        "--nproc-per-node",
-        "2",
-        "--time",
-        "20:00",
-        "--",
-        "-m",
-        RECIPE,
-        "--ckpt-dir",
-        str(ckpt),
-        "--metrics",
-        str(metrics),
-        *RECIPE_ARGS,
-    ]
+    argv = ckpt_submit_command(
+        ckpt, ["--ckpt-dir", str(ckpt), "--metrics", str(metrics), *RECIPE_ARGS], ("--nproc-per-node", "2", "--time", "20:00")
+    )
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     job_id = proc.stdout.splitlines()[0].strip() if proc.stdout.strip() else ""
     if proc.returncode != 0 or not job_id.isdigit():

@@ -48,7 +48,6 @@ def check_reshard(store: CheckpointStore, step: int, world_size: int, micro_batc
     """Can step ``step`` continue on ``world_size`` ranks? The tensor shapes (every rank needs
     rows) and the one batch plan (``core.reshard.plan_resume``, the same the resume applies)."""
     manifest = store.read_manifest(step)
-    plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, world_size, micro_batch=micro_batch)
     problems = check_shapes(tensor_shapes(store, step), world_size)
     if problems:
         raise CkptError(
@@ -58,6 +57,7 @@ def check_reshard(store: CheckpointStore, step: int, world_size: int, micro_batc
             f"use at most {min(p.rows for p in problems)} ranks",
             ExitCode.CONFLICT,
         )
+    plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, world_size, micro_batch=micro_batch)
     rank0 = store.step_path(step) / layout.rank_state_name(0)
     data = state_codec.loads(rank0.read_bytes(), str(rank0)).get("data") if rank0.exists() else None
     return ReshardReport(step, manifest.world_size, world_size, plan, data)

@@ -48,6 +48,23 @@ def ckpt_run_command(
     ]
 
 
+def ckpt_submit_command(ckpt_dir: Path, recipe_args: Sequence[str], submit_opts: Sequence[str] = (), module: str = RECIPE) -> list[str]:
+    """``ckpt submit --ckpt-dir DIR [OPTS] -- -m MODULE ARGS``."""
+    return [
+        sys.executable,
+        "-m",
+        "ckpt_tool.cli.main",
+        "submit",
+        "--ckpt-dir",
+        str(ckpt_dir),
+        *submit_opts,
+        "--",
+        "-m",
+        module,
+        *recipe_args,
+    ]
+
+
 def recipe_args(ckpt_dir: Path, metrics: Path, steps: int, save_every: int, *extra: str) -> list[str]:
     return ["--ckpt-dir", str(ckpt_dir), "--metrics", str(metrics), "--steps", str(steps), "--save-every", str(save_every), *extra]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tool.core import layout
-from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, read_metrics
+from ckpt_tool.recipes.launch import FAST_ARGS, ckpt_submit_command, compare_runs, read_metrics, recipe_args
 from ckpt_tool.store.store import CheckpointStore
 
 from ..conftest import SAVE_EVERY, STEPS
@@ -50,32 +50,9 @@ class Job:
         self.root = root
         self.ckpt, self.metrics = root / "ckpt", root / "metrics.jsonl"
         self.run_dir = self.ckpt / "run"
-        argv = [
-            sys.executable,
-            "-m",
-            "ckpt_tool.cli.main",
-            "submit",
-            "--ckpt-dir",
-            str(self.ckpt),
-            "--time",
-            "20:00",
-            *submit_opts,
-            "--",
-            "-m",
-            "ckpt_tool.recipes.tiny_gpt",
-            "--ckpt-dir",
-            str(self.ckpt),
-            "--metrics",
-            str(self.metrics),
-            "--steps",
-            str(steps),
-            "--save-every",
-            str(SAVE_EVERY),
-            *FAST_ARGS,
-            *recipe_extra,
-        ]
-        if "--nodes" not in submit_opts:
-            argv[4:4] = ["--nproc-per-node", "2"]
+        per_node = () if "--nodes" in submit_opts else ("--nproc-per-node", "2")
+        args = recipe_args(self.ckpt, self.metrics, steps, SAVE_EVERY, *FAST_ARGS, *recipe_extra)
+        argv = ckpt_submit_command(self.ckpt, args, ("--time", "20:00", *per_node, *submit_opts))
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         self.id = proc.stdout.splitlines()[0].strip()
