@@ -17,6 +17,7 @@ class ExitCode:
     CONFLICT = 4  # the checkpoint does not fit the run (world size, format version)
     REQUEUE = 75  # `ckpt run`: stopped on request after committing a checkpoint: requeue me (EX_TEMPFAIL)
     CRASH_LOOP = 76  # `ckpt run`: failures in a row without progress; restarting would not help
+    NODE_FAULT = 77  # `ckpt run`: a node keeps failing; the round ended so that the job can leave it behind
 
 
 # Failures a restart cannot fix: the same command line, configuration or checkpoint would fail

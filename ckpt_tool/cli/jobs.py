@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from ckpt_tool.cli.output import err, escape, human, out, print_json
+from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER
 from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.core.timeouts import PHASES, TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode
@@ -70,6 +71,12 @@ def run(
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Rendezvous id (the SLURM job id under `ckpt submit`)."),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts in the same allocation after a crash or hang."),
     crash_loop: int = typer.Option(3, "--crash-loop", min=1, help="Stop after this many failures in a row without a new checkpoint."),
+    suspect_after: int = typer.Option(
+        DEFAULT_SUSPECT_AFTER,
+        "--suspect-after",
+        min=1,
+        help="End the round (exit 77) when a node was blamed for this many failures in a row while the others were fine.",
+    ),
     ckpt_dir: Path | None = typer.Option(
         None, "--ckpt-dir", help="The checkpoint directory: exported to the ranks as CKPT_DIR; events go to CKPT_DIR/run."
     ),
@@ -83,7 +90,8 @@ def run(
 
     Exit codes: 0 finished; 1 failed (restarts exhausted); 2, 3 or 4 a rank stopped on an error a
     restart cannot fix (its message is in the events); 75 stopped after a checkpoint on
-    SIGUSR1/SIGTERM (requeue me); 76 crash loop (no progress, not restarted again).
+    SIGUSR1/SIGTERM (requeue me); 76 crash loop (no progress, not restarted again); 77 a node
+    keeps failing (every node's `ckpt run` ends the round; the batch script leaves it behind).
     """
     from rich.live import Live
 
@@ -103,6 +111,7 @@ def run(
         rdzv_id=rdzv_id,
         max_restarts=max_restarts,
         crash_loop=crash_loop,
+        suspect_after=suspect_after,
         grace_s=grace,
         stop_deadline_s=stop_deadline,
         timeouts=timeouts,
@@ -142,7 +151,16 @@ def submit(
     ckpt_dir: Path = typer.Option(
         ..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem; exported to the training as CKPT_DIR."
     ),
-    nodes: int = typer.Option(1, "--nodes", min=1),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes to ask for (the most the job uses)."),
+    min_nodes: int | None = typer.Option(
+        None,
+        "--min-nodes",
+        min=1,
+        help="Fewest nodes the job may start or go on with (--nodes=MIN-MAX): a node that keeps failing is left behind while this many remain.",
+    ),
+    suspect_after: int = typer.Option(
+        DEFAULT_SUSPECT_AFTER, "--suspect-after", min=1, help="Failures in a row blamed on one node (the others fine) that make it suspect."
+    ),
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0, help="GPUs per node (also the ranks per node unless --nproc-per-node)."),
     nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (CPU runs)."),
     cpus_per_task: int | None = typer.Option(
@@ -177,6 +195,8 @@ def submit(
         run_dir,
         signal_lead,
         nodes=nodes,
+        min_nodes=min_nodes,
+        suspect_after=suspect_after,
         nproc_per_node=nproc_per_node or gpus_per_node or 1,
         gpus_per_node=gpus_per_node,
         cpus_per_task=cpus_per_task,
@@ -214,12 +234,13 @@ def recover(
     ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory.", show_default=False),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Where the decision is written (recover.json, events.jsonl)."),
     world_size: int | None = typer.Option(None, "--world-size", min=1, help="Ranks of this allocation."),
+    nodes: int | None = typer.Option(None, "--nodes", min=1, help="Nodes of this allocation (reported with the plan)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Once per (re)start, before training: validate the newest checkpoint, roll back if damaged, check the world size."""
     from ckpt_tool.ops.recover import recover as do_recover
 
-    decision = do_recover(ckpt_dir, world_size, run_dir)
+    decision = do_recover(ckpt_dir, world_size, run_dir, nodes)
     if as_json:
         print_json(decision.to_json())
         return
@@ -235,6 +256,8 @@ def recover(
     out.print(f"resume from step {decision.step} (saved by {decision.saved_world_size} ranks; checked in {decision.seconds:.2f} s)")
     if decision.reshard is not None:
         old, new = decision.reshard["old"], decision.reshard["new"]  # type: ignore[index]
+        if decision.nodes is not None:
+            out.print(f"nodes {human(decision.nodes_before)} -> {decision.nodes}")
         out.print(
             f"world size {decision.saved_world_size} -> {decision.world_size}: micro-batch {new['micro_batch']} x accumulation {new['grad_accum']} "
             f"(was {old['micro_batch']} x {old['grad_accum']}), global batch {new['global_batch']} kept"

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from ckpt_tool import __version__
-from ckpt_tool.cli import changes, checkpoints, demo, jobs, plan, runs
+from ckpt_tool.cli import changes, checkpoints, demo, jobs, nodes, plan, runs
 from ckpt_tool.cli.output import err
 from ckpt_tool.errors import CkptError
 
@@ -23,7 +23,8 @@ EXIT_CODES = (
     "0 success · 1 a check failed (damage found) or the run failed · 2 bad command line or input · "
     "3 no checkpoint directory, step or valid checkpoint · 4 the checkpoint does not fit the run "
     "(world size, format version, model) or another job holds the directory · "
-    "75 (`ckpt run`) stopped after a checkpoint on request: requeue · 76 (`ckpt run`) crash loop\n\n"
+    "75 (`ckpt run`) stopped after a checkpoint on request: requeue · 76 (`ckpt run`) crash loop · "
+    "77 (`ckpt run`) a node keeps failing: the round ended so that the job can leave it behind\n\n"
     "Add --debug anywhere among ckpt's own options for a traceback instead of a message; "
     "options after `--` belong to the training command."
 )
@@ -50,6 +51,7 @@ for _name, _fn in PASSTHROUGH.items():
 app.command("recover")(jobs.recover)
 app.command("note", hidden=True)(jobs.note_cmd)
 app.command("free-port", hidden=True)(jobs.free_port)
+app.command("nodes")(nodes.nodes)
 app.command("status")(runs.status)
 app.command("history")(runs.history)
 app.command("plan")(plan.plan)

@@ -24,6 +24,29 @@ class BatchConfig:
         return self.micro_batch * self.grad_accum * self.dp_size
 
 
+@dataclass(frozen=True)
+class BatchRequest:
+    """What a training command asked for (None: not given). Resolved at the world size it runs at:
+    on a fresh start by ``resolve_batch``; on a resume by ``core.reshard.plan_resume``, where the
+    checkpoint's global batch wins unless ``global_batch`` is given explicitly (a deliberate change)
+    and ``micro_batch`` is kept when it divides the per-rank share."""
+
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    global_batch: int | None = None
+
+    @classmethod
+    def of(cls, batch: BatchConfig | BatchRequest | None) -> BatchRequest | None:
+        """A split given as a ``BatchConfig`` asks for its micro-batch and accumulation; its
+        global batch follows from the world size, so it is not an explicit demand."""
+        if isinstance(batch, BatchConfig):
+            return cls(batch.micro_batch, batch.grad_accum, None)
+        return batch
+
+    def resolve(self, dp_size: int) -> BatchConfig:
+        return resolve_batch(dp_size, self.micro_batch, self.grad_accum, self.global_batch)
+
+
 def resolve_batch(dp_size: int, micro_batch: int | None, grad_accum: int | None, global_batch: int | None) -> BatchConfig:
     """Fill in the missing values of (micro-batch, grad accumulation, global batch) for ``dp_size``.
 

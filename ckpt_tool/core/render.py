@@ -33,6 +33,8 @@ class JobSpec:
     run_dir: str
     ckpt: tuple[str, ...]  # how the node runs ckpt, e.g. ("/venv/bin/python", "-m", "ckpt_tool.cli.main")
     nodes: int = 1
+    min_nodes: int | None = None  # --nodes=MIN-MAX: the job may start and go on with fewer
+    suspect_after: int = 2
     nproc_per_node: int = 1
     gpus_per_node: int = 0
     time: str | None = None
@@ -56,9 +58,15 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not self.command:
             raise CkptError("no training command given", "usage: ckpt submit [OPTIONS] -- train.py ARGS", ExitCode.USAGE)
-        for name in ("nodes", "nproc_per_node"):
+        for name in ("nodes", "nproc_per_node", "suspect_after"):
             if getattr(self, name) < 1:
                 raise CkptError(f"--{name.replace('_', '-')} must be >= 1", "see `ckpt submit --help`", ExitCode.USAGE)
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise CkptError(
+                f"--min-nodes {self.min_nodes} must be between 1 and --nodes {self.nodes}",
+                f"e.g. --nodes {max(self.nodes, 2)} --min-nodes {max(self.nodes, 2) - 1}",
+                ExitCode.USAGE,
+            )
         if self.max_requeues < 0 or self.max_restarts < 0 or self.gpus_per_node < 0:
             raise CkptError("--max-requeues, --max-restarts and --gpus-per-node must be >= 0", "see `ckpt submit --help`", ExitCode.USAGE)
         if self.time is not None and not _TIME.match(self.time):
@@ -94,6 +102,12 @@ class JobSpec:
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
+    @property
+    def nodes_range(self) -> str:
+        """``--nodes`` for sbatch: MIN-MAX when the job may run on fewer nodes."""
+        low = self.min_nodes or self.nodes
+        return f"{low}-{self.nodes}" if low < self.nodes else str(self.nodes)
+
 
 def option_value(argv: Sequence[str], option: str) -> str | None:
     """The value of ``option`` in a command line (``--opt VALUE`` or ``--opt=VALUE``; the last wins)."""
@@ -118,8 +132,10 @@ def directives(spec: JobSpec) -> list[str]:
     q = shlex.quote
     out = [
         f"#SBATCH --job-name={spec.job_name}",
-        f"#SBATCH --nodes={spec.nodes}",
-        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --nodes={spec.nodes_range}",
+        # With a node range, --ntasks-per-node=1 makes SLURM count MIN tasks and allocate MIN nodes
+        # (measured); without it the job gets up to MAX, each with --cpus-per-task.
+        *(["#SBATCH --ntasks-per-node=1"] if spec.nodes_range == str(spec.nodes) else []),
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
         f"#SBATCH --signal=B:USR1@{spec.signal_lead_s}",
@@ -152,7 +168,8 @@ def render(spec: JobSpec, template: str) -> str:
         "max_requeues": str(int(spec.max_requeues)),
         "max_restarts": str(int(spec.max_restarts)),
         "nproc_per_node": str(int(spec.nproc_per_node)),
-        "world_size": str(spec.world_size),
+        "min_nodes": str(int(spec.min_nodes or spec.nodes)),
+        "suspect_after": str(int(spec.suspect_after)),
         "command": " ".join(q(a) for a in spec.command),
         "env": "\n".join(f"export {k}={q(v)}" for k, v in spec.env),
     }

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.errors import CkptError, ExitCode
 
 
@@ -101,17 +101,19 @@ def plan_resume(
     lineage: Sequence[Mapping[str, Any]],
     new_dp: int,
     micro_batch: int | None = None,
-    requested: BatchConfig | None = None,
+    requested: BatchRequest | None = None,
 ) -> ReshardPlan:
     """The one plan for continuing a checkpoint on ``new_dp`` data-parallel ranks.
 
     ``ckpt recover`` (what the next start will do), ``ckpt reshard`` (dry run, ``--in-place``,
-    ``--out``) and ``resume()`` all call this, so what a command reports is what the training does.
-    It depends only on what the checkpoint records and on an explicit ``micro_batch`` (``ckpt
-    reshard --micro-batch``, a demand): a plan recorded for this size (``ckpt reshard --in-place``)
-    wins over the default, which keeps the saved micro-batch when it divides the new per-rank
-    share (more accumulation on fewer ranks: the same memory per rank), else the largest that does.
-    The global batch is never changed: ``requested`` (the run's own split) must keep it.
+    ``--out``) and ``resume()`` all call this, so what a command reports is what the training does
+    when its command is unchanged. The checkpoint's global batch wins: the same training command
+    resumes on any allowed size. In order: an explicit ``micro_batch`` (``ckpt reshard
+    --micro-batch``, a demand); a plan ``ckpt reshard --in-place`` recorded for this size; the
+    command's own micro-batch (``requested.micro_batch``, when given) if it divides the new
+    per-rank share, else the largest that does; without one, the saved micro-batch likewise (more
+    accumulation on fewer ranks: the same memory per rank). Only a command that gives the global
+    batch explicitly (``requested.global_batch``) and another one changes it: on purpose.
     """
     if saved is None:
         raise CkptError(
@@ -119,17 +121,13 @@ def plan_resume(
             "resume with the original world size, or pass batch= to CheckpointManager when saving",
             ExitCode.CONFLICT,
         )
-    if requested is not None and requested.global_batch != saved.global_batch:
-        raise CkptError(
-            f"this run asks for global batch {requested.global_batch}, the checkpoint was trained with {saved.global_batch}",
-            "resume with the checkpoint's global batch (resharding keeps it); changing it is a new experiment",
-            ExitCode.CONFLICT,
-        )
+    if requested is not None and requested.global_batch is not None and requested.global_batch != saved.global_batch:
+        return ReshardPlan(saved, requested.resolve(new_dp))  # --global-batch given: a deliberate change
     if micro_batch is None:
         recorded = recorded_plan(lineage, new_dp)
         if recorded is not None and recorded.global_batch == saved.global_batch and recorded.dp_size == new_dp:
             return ReshardPlan(saved, recorded)
-    return plan_batch(saved, new_dp, micro_batch=micro_batch)
+    return plan_batch(saved, new_dp, micro_batch=micro_batch, prefer=requested.micro_batch if requested is not None else None)
 
 
 def step_slices(position: int, batch: BatchConfig) -> dict[tuple[int, int], tuple[int, int]]:

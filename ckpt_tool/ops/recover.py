@@ -20,7 +20,7 @@ from ckpt_tool.ops.reshard import check_reshard
 from ckpt_tool.ops.rollback import rollback
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.supervise.events import note
+from ckpt_tool.supervise.events import note, read_events
 from ckpt_tool.training.validation import validate_checkpoint
 
 DECISION_NAME = "recover.json"
@@ -37,12 +37,21 @@ class Decision:
     cleanup: tuple[str, ...]
     seconds: float
     reshard: dict[str, object] | None = None  # the batch plan when the world size changed
+    nodes: int | None = None  # nodes of this allocation (the sbatch script says)
+    nodes_before: int | None = None  # nodes of the previous start or round that recorded them
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
-def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None = None) -> Decision:
+def _nodes_before(run_dir: Path | None) -> int | None:
+    if run_dir is None:
+        return None
+    recorded = [e.get("nodes") for e in read_events(run_dir) if e.get("event") == "recover"]
+    return next((n for n in reversed(recorded) if isinstance(n, int)), None)
+
+
+def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None = None, nodes: int | None = None) -> Decision:
     t0 = time.monotonic()
     if not ckpt_dir.exists() or CheckpointStore(ckpt_dir).kind() is DirectoryKind.EMPTY:
         decision = Decision("fresh", None, None, (), None, world_size, (), 0.0)
@@ -71,7 +80,9 @@ def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None 
                 # (shapes, global batch); the training's resume applies the same plan
                 reshard = check_reshard(store, step, world_size).to_json()
             decision = Decision("resume", step, rolled_from, quarantined, saved, world_size, cleanup, 0.0, reshard)
-    decision = Decision(**{**decision.to_json(), "seconds": round(time.monotonic() - t0, 3)})
+    decision = Decision(
+        **{**decision.to_json(), "seconds": round(time.monotonic() - t0, 3), "nodes": nodes, "nodes_before": _nodes_before(run_dir)}
+    )
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / DECISION_NAME, (json.dumps(decision.to_json(), indent=1) + "\n").encode())

@@ -29,9 +29,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ckpt_tool.core.batch import BatchConfig, resolve_batch
+from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
+from ckpt_tool.supervise.health import node_name
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.heartbeat import heartbeat
@@ -40,6 +41,7 @@ from ckpt_tool.training.probe import ProbeSpec
 
 ENTRY_POINT = "ckpt_tool.recipes.tiny_gpt:build_for_verify"
 CRASH_MARKER = ".tiny_gpt_crashed_at_{step}"
+NODE_FAULTS = ".tiny_gpt_node_faults"  # one line per injected node fault (--fail-on-node)
 
 
 # ----------------------------------------------------------------------------- model
@@ -210,6 +212,31 @@ def crash_now(ckpt_dir: Path, step: int, repeat: bool = False) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def next_faulty_node(args: argparse.Namespace) -> str | None:
+    """``--fail-on-node A,B,...``: the node whose ranks fail in this attempt. One name: a lasting
+    fault of that node, at every start; several: a fault that moves, once on each, in order."""
+    names = [n for n in (args.fail_on_node or "").split(",") if n]
+    if not names:
+        return None
+    try:
+        done = len((args.ckpt_dir / NODE_FAULTS).read_text().splitlines())
+    except FileNotFoundError:
+        done = 0
+    if len(names) == 1:
+        return names[0]
+    return names[done] if done < len(names) else None
+
+
+def node_fault(ckpt_dir: Path, node: str) -> None:
+    """Every rank on ``node`` fails as a GPU with a lasting hardware fault would (once a start)."""
+    if node_name() != node:
+        return
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        with open(ckpt_dir / NODE_FAULTS, "a") as f:
+            f.write(f"{node} {time.time()}\n")
+    raise RuntimeError(f"CUDA error: uncorrectable ECC error encountered (injected lasting fault of node {node}, --fail-on-node)")
+
+
 def stall_once(ckpt_dir: Path, step: int, seconds: float) -> None:
     """Test hook: a data loader that stalls (e.g. a slow shared filesystem), once."""
     marker = ckpt_dir / f".tiny_gpt_stalled_at_{step}"
@@ -246,6 +273,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="rank 0 dies with SIGKILL at the start of this step, once (repeatable)",
     )
     p.add_argument("--crash-repeat", action="store_true", help="test hook: crash at --crash-at-step on every attempt (a crash loop)")
+    p.add_argument(
+        "--fail-on-node",
+        help="fault injection: the ranks on this SLURM node fail --fail-after-steps steps into every start (a lasting fault); "
+        "A,B,C: one fault on each, in order (a fault that moves)",
+    )
+    p.add_argument("--fail-after-steps", type=int, default=2, help="with --fail-on-node: steps into each start before the fault")
+    p.add_argument("--bug-at-step", type=int, help="fault injection: every rank raises at this step, every time (a bug in the code)")
     p.add_argument("--data-stall-at-step", type=int, help="test hook: the data loader stalls at this step, once")
     p.add_argument("--data-stall-s", type=float, default=20.0)
     p.add_argument("--log-samples", type=Path, help="test hook: each rank appends the sample indices of every step to PATH.rankR.jsonl")
@@ -279,11 +313,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(args: argparse.Namespace, rank: int, world: int) -> int:
     c = GPTConfig(seq_len=args.seq_len, d_model=args.d_model, n_layer=args.n_layer, dropout=args.dropout)
-    try:
-        requested: BatchConfig | None = resolve_batch(world, args.micro_batch, args.grad_accum, args.global_batch)
-        batch_error = None
-    except CkptError as exc:  # e.g. --global-batch 12 --micro-batch 3 on 3 ranks: a reshard may plan it
-        requested, batch_error = None, exc
+    # On a resume the checkpoint's global batch wins (the same command runs on any allowed size);
+    # --global-batch given explicitly and different changes it on purpose.
+    requested = BatchRequest(args.micro_batch, args.grad_accum, args.global_batch)
     corpus = Corpus(c, args.corpus_tokens, seed=1234)
     model = build_model(c, args.seed)
     # Each rank has its own RNG stream for dropout: restored from the checkpoint on resume.
@@ -312,7 +344,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     start = manager.resume() or 0
     batch = manager.batch  # after a resume at another world size: the reshard plan (same global batch)
     if batch is None:
-        raise batch_error or CkptError("no batch configuration", "pass --global-batch or --micro-batch")
+        raise CkptError("no batch configuration", "pass --global-batch or --micro-batch")
+    fault_node = next_faulty_node(args)  # decided before any rank can fail in this attempt
     samples_log = open(f"{args.log_samples}.rank{rank}.jsonl", "a") if args.log_samples else None
     hb = heartbeat()
     counters = {"samples": 0, "tokens": 0, **manager.extra}
@@ -321,6 +354,10 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         for step in range(start + 1, args.steps + 1):
             if rank == 0 and step in args.crash_at_step:
                 crash_now(args.ckpt_dir, step, args.crash_repeat)
+            if step == args.bug_at_step:
+                raise ValueError(f"injected bug at step {step} (--bug-at-step): every rank fails here, on every node")
+            if fault_node is not None and step == start + args.fail_after_steps:
+                node_fault(args.ckpt_dir, fault_node)
             with hb.phase("data"):
                 if step == args.data_stall_at_step and rank == 0:  # one rank's loader stalls
                     stall_once(args.ckpt_dir, step, args.data_stall_s)

@@ -9,6 +9,11 @@ rendezvous. The watchdog adds what torchrun lacks:
   turns the hang into a failure torchrun sees and restarts from the newest checkpoint;
 - **crash loops**: ``crash_loop`` failures in a row without a new checkpoint stop the job with
   a clear message instead of burning the allocation;
+- **a node that keeps failing**: every rank exit is logged with its node and cause (its own
+  crash, a kill, a hang, or a victim of a peer's failure); after each failure the health ledger
+  (``supervise.health``) is folded from the run's events, and when a node of this round is
+  suspect every node's ``ckpt run`` ends the round (exit 77) so that the batch script can leave
+  that node behind;
 - **preemption**: SIGUSR1 or SIGTERM asks the ranks (through the channel, not torchrun's
   signal forwarding) to checkpoint at the next step and stop; the exit status then says
   "requeue me";
@@ -33,12 +38,13 @@ from typing import Any
 
 import psutil
 
+from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, classify_crash
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, TimeoutPolicy, calibrate
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.supervise import channel
+from ckpt_tool.supervise import channel, health
 from ckpt_tool.supervise.events import note
 from ckpt_tool.supervise.processes import kill_tree
 
@@ -60,14 +66,21 @@ class RunConfig:
     stop_deadline_s: float = 300.0
     poll_s: float = 0.2
     timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
+    node: str = field(default_factory=health.node_name)  # SLURM's node name, else the host name
+    round_id: str = field(default_factory=health.round_id)  # one srun step: every node's ckpt run shares it
+    suspect_after: int = DEFAULT_SUSPECT_AFTER
 
     def __post_init__(self) -> None:
         if not self.command:
             raise CkptError(
                 "no training script given", "usage: ckpt run [OPTIONS] -- train.py ARGS (or -- -m package.module ARGS)", ExitCode.USAGE
             )
-        if self.nproc_per_node < 1 or self.max_restarts < 0 or self.crash_loop < 1:
-            raise CkptError("--nproc-per-node and --crash-loop must be >= 1, --max-restarts >= 0", "see `ckpt run --help`", ExitCode.USAGE)
+        if self.nproc_per_node < 1 or self.max_restarts < 0 or self.crash_loop < 1 or self.suspect_after < 1:
+            raise CkptError(
+                "--nproc-per-node, --crash-loop and --suspect-after must be >= 1, --max-restarts >= 0",
+                "see `ckpt run --help`",
+                ExitCode.USAGE,
+            )
 
 
 def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:
@@ -124,7 +137,9 @@ class Watchdog:
         self.status = status
         self.beats: dict[int, Beat] = {}  # rank -> last beat of the current attempt
         self.addrs: dict[int, str] = {}
-        self.attempt = 0
+        self.attempt = 0  # groups of ranks this watchdog has seen start (torchrun's restarts on this node)
+        self.torchrun_attempt = 0
+        self.attempt_pids: set[int] = set()
         self.newest_ckpt: int | None = None
         self.gone: set[int] = set()  # rank pids known dead (killed by us or seen gone)
         self.exited_cleanly: set[int] = set()  # ranks that said goodbye (normal exit)
@@ -136,11 +151,17 @@ class Watchdog:
         self.stop_sent = False
         self.stopped_step: int | None = None
         self.fatal: dict[str, Any] | None = None  # a rank's error that a restart cannot fix
+        self.said: dict[int, tuple[str, str]] = {}  # rank pid -> (cause, reason) it told before dying
+        self.closing: dict[int, Beat] = {}  # ranks of an attempt that lost a rank, until each is gone
+        self.local_ranks: dict[int, int] = {}
+        self.round_over: list[str] | None = None  # suspect nodes, when this round must end
+        self._marker_checked = 0.0
         self.durations = DurationLog()
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
-        self.report(note(self.cfg.run_dir, event, attempt=self.attempt, **data))
+        data.setdefault("attempt", self.attempt)
+        self.report(note(self.cfg.run_dir, event, node=self.cfg.node, round=self.cfg.round_id, **data))
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -149,7 +170,15 @@ class Watchdog:
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
-        env = {**os.environ, channel.ENV_SOCKET: str(sock_path), "CKPT_RUN_DIR": str(self.cfg.run_dir)}
+        # A fresh store for every rendezvous round: torchrun's shared store keeps the keys of earlier
+        # rounds, and when another node's failure restarts this node's ranks, the restart count
+        # that would separate them is not raised (measured: gloo then dials the dead ranks).
+        env = {
+            **os.environ,
+            channel.ENV_SOCKET: str(sock_path),
+            "CKPT_RUN_DIR": str(self.cfg.run_dir),
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        }
         if self.cfg.ckpt_dir is not None:
             env["CKPT_DIR"] = str(self.cfg.ckpt_dir)
         argv = torchrun_argv(self.cfg)
@@ -189,6 +218,13 @@ class Watchdog:
             if rc is not None:
                 return self._finished(rc)
             self._check_deaths()
+            if self.round_over is None and now - self._marker_checked > 1.0:
+                self._marker_checked = now
+                self.round_over = health.round_ended(self.cfg.run_dir, self.cfg.round_id)
+            if self.round_over is not None:
+                self.event("round_ended", suspects=self.round_over, note="a node keeps failing: the batch script leaves it behind")
+                kill_tree([proc.pid], self.cfg.grace_s)
+                return ExitCode.NODE_FAULT
             if self.breaker.stalled >= self.breaker.limit:
                 self.event("crash_loop", message=self.breaker.message(self._latest_on_disk()))
                 kill_tree([proc.pid], self.cfg.grace_s)
@@ -232,6 +268,13 @@ class Watchdog:
         if m.get("event") == "exiting":
             self.exited_cleanly.add(m["pid"])
             return
+        if m.get("event") == "crashed":
+            cause = classify_crash(str(m.get("error", "")), str(m.get("message", "")))
+            self.said[m["pid"]] = (cause, f"{m.get('error', '')}: {m.get('message', '')}"[:300])
+            return
+        if m.get("event") == "terminated":
+            self.said.setdefault(m["pid"], ("terminated", "SIGTERM"))
+            return
         if m.get("event") == "fatal":
             code = m.get("exit_code")
             if self.fatal is None and isinstance(code, int) and code in RESTART_CANNOT_HELP:
@@ -239,25 +282,33 @@ class Watchdog:
             return
         try:
             resumed_from = m.get("resumed_from")
+            torchrun_attempt = int(m.get("attempt", 0))
+            pid = m["pid"]
+            if pid in self.gone:
+                return  # a straggler of an attempt already torn down
+            # A new group of ranks on this node: new pids after the attempt lost a rank, or a higher
+            # torchrun restart count. (That count is per node: an agent restarting its ranks because
+            # another node failed does not raise it, so it cannot number attempts across nodes.)
+            new_group = pid not in self.attempt_pids and (
+                self.attempt in self.closed_attempts or torchrun_attempt > self.torchrun_attempt
+            )
+            if not new_group and self.attempt in self.closed_attempts:
+                return  # a survivor of the attempt being torn down
+            if new_group:
+                self._next_attempt(torchrun_attempt)
+            self.attempt_pids.add(pid)
             beat = Beat(
                 m["rank"],
-                m["pid"],
+                pid,
                 int(m["step"]),
                 str(m["phase"]),
                 now,
-                int(m.get("attempt", 0)),
+                self.attempt,
                 m.get("ckpt"),
                 None if resumed_from is None else int(resumed_from),
             )
         except (KeyError, TypeError, ValueError):
             return
-        if beat.attempt < self.attempt or beat.attempt in self.closed_attempts:
-            return  # a straggler of an attempt already torn down
-        if beat.attempt > self.attempt:
-            if self.attempt not in self.failures_counted:
-                self._failure()  # torchrun restarted the group after a crash it saw
-            self.event("restarted", new_attempt=beat.attempt)
-            self.attempt, self.beats = beat.attempt, {}
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
         # a (re)start that loaded a checkpoint (not a fresh start that has since saved one)
@@ -269,26 +320,69 @@ class Watchdog:
             self.durations.add(previous.phase, now - previous.time)
         self.beats[beat.rank] = beat
         self.addrs[beat.rank] = str(m.get("addr", ""))
+        if isinstance(m.get("local_rank"), int):
+            self.local_ranks[beat.pid] = m["local_rank"]
+
+    def _next_attempt(self, torchrun_attempt: int) -> None:
+        if self.attempt not in self.failures_counted:
+            self._failure()  # torchrun restarted the group after a failure it saw
+        self._log_deaths(self.closing)
+        self.attempt, self.torchrun_attempt = self.attempt + 1, torchrun_attempt
+        self.beats, self.closing, self.attempt_pids = {}, {}, set()
+        self.event("restarted", torchrun_restart_count=torchrun_attempt)
+        self._judge_nodes()
 
     def _check_deaths(self) -> None:
-        """A rank process that vanished without saying goodbye: logged within one poll; torchrun
-        sees it too and restarts the group, which counts as the failure (see ``_handle``)."""
-        for rank, beat in list(self.beats.items()):
+        """A rank process that vanished without saying goodbye: logged within one poll, with its
+        node and cause (see ``core.health``); torchrun sees it too and restarts the group, which
+        counts as the failure (see ``_handle``). The attempt is then over: its survivors are
+        being torn down by torchrun, and judging their silence would report hangs that are not;
+        their exits are still logged (victims or further culprits) until the next attempt."""
+        watched = dict(self.beats)
+        if self._log_deaths(self.beats):
+            self.closed_attempts.add(self.attempt)
+            self.closing.update({b.pid: b for b in watched.values() if b.pid not in self.gone})
+            self.beats = {}
+        self._log_deaths(self.closing)
+
+    def _log_deaths(self, watched: dict[int, Beat]) -> bool:
+        """Log the ranks of ``watched`` that are gone (and forget them); True when one failed."""
+        failed = False
+        for key, beat in list(watched.items()):
             if beat.pid in self.gone or _alive(beat.pid):
                 continue
             self.gone.add(beat.pid)
-            if beat.pid not in self.exited_cleanly:
-                self.event("rank_exited", rank=rank, pid=beat.pid, step=beat.step, phase=beat.phase, note="torchrun restarts the group")
-                # The attempt is over: its survivors are being torn down by torchrun; judging their
-                # silence would report hangs that are not. Watch again from the next attempt's beats.
-                self.closed_attempts.add(self.attempt)
-                self.beats = {}
-                return
+            watched.pop(key, None)
+            said = self.said.get(beat.pid)
+            if beat.pid in self.exited_cleanly and (said is None or said[0] == "terminated"):
+                continue  # a normal exit, or a stop on request that ended well
+            cause, reason = said or ("killed", "vanished without a word (SIGKILL, a signal, the OOM killer?)")
+            failed = True
+            self.event(
+                "rank_exited",
+                rank=beat.rank,
+                local_rank=self.local_ranks.get(beat.pid),
+                pid=beat.pid,
+                step=beat.step,
+                phase=beat.phase,
+                cause=cause,
+                reason=reason,
+                note="torchrun restarts the group",
+            )
+        return failed
 
     def _kill_hung(self, hangs: list) -> None:
-        for h in hangs:
+        for i, h in enumerate(hangs):
             self.event(
-                "hang", rank=h.rank, pid=h.pid, phase=h.phase, step=h.step, silent_s=round(h.silent_s, 2), timeout_s=round(h.timeout_s, 2)
+                "hang",
+                rank=h.rank,
+                local_rank=self.local_ranks.get(h.pid),
+                pid=h.pid,
+                phase=h.phase,
+                step=h.step,
+                silent_s=round(h.silent_s, 2),
+                timeout_s=round(h.timeout_s, 2),
+                culprit=i == 0,
             )
         pids = [b.pid for b in self.beats.values()]
         self.gone.update(pids)
@@ -309,6 +403,14 @@ class Watchdog:
         self.event(
             "failure_counted", in_a_row_without_progress=self.breaker.stalled, limit=self.breaker.limit, newest_checkpoint=self.newest_ckpt
         )
+
+    def _judge_nodes(self) -> None:
+        """After a failure (the next attempt has begun, so every node has logged its exits):
+        fold the health ledger; when a node of this round is suspect, end the round on every node."""
+        suspects = health.judge_round(self.cfg.run_dir, self.cfg.round_id, self.cfg.suspect_after)
+        if suspects:
+            health.end_round(self.cfg.run_dir, self.cfg.round_id, suspects, self.cfg.node)
+            self.round_over = suspects
 
     # ------------------------------------------------------------------ preemption
     def _on_stop_signal(self, signum: int, frame: Any) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +31,7 @@ class Heartbeat:
     def __init__(self, supervisor: str | None) -> None:
         self.supervisor = supervisor
         self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.step = 0
         self.current = "init"
@@ -43,6 +46,8 @@ class Heartbeat:
             self._addr = directory / f"rank{self.rank}-{os.getpid()}.sock"
             self._sock = channel.bind(self._addr)
             atexit.register(self._goodbye)
+            self._previous_hook = sys.excepthook
+            sys.excepthook = self._on_uncaught
 
     @property
     def active(self) -> bool:
@@ -57,6 +62,7 @@ class Heartbeat:
             return
         message = {
             "rank": self.rank,
+            "local_rank": self.local_rank,
             "pid": os.getpid(),
             "step": self.step,
             "phase": self.current,
@@ -94,6 +100,19 @@ class Heartbeat:
         if not self._fatal_sent:
             self._fatal_sent = True
             self.send_event("fatal", exit_code=int(exit_code), message=message[:2000])
+
+    def terminated(self) -> None:
+        """This rank got SIGTERM: when it now dies, it was stopped (torchrun tearing the group
+        down after another rank failed, or a preemption), not a failure of its own."""
+        self.send_event("terminated", time=time.time())
+
+    def _on_uncaught(self, kind: type[BaseException], value: BaseException, tb: object) -> None:
+        """An exception ends this rank: tell the supervisor what it was, so that it can tell a
+        failure of this node from a collective that failed because a peer died."""
+        if not issubclass(kind, KeyboardInterrupt):
+            error = f"{kind.__module__}.{kind.__qualname__}"
+            self.send_event("crashed", error=error, message=str(value)[:500], time=time.time())
+        self._previous_hook(kind, value, tb)  # type: ignore[arg-type]
 
     def request_stop(self) -> None:
         self._stop = True

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.reshard import ReshardPlan
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError
 from ckpt_tool.store.store import CheckpointStore
@@ -101,7 +101,7 @@ class CheckpointManager:
         scaler: Any | None = None,
         data: Stateful | None = None,
         probe: ProbeSpec | None = None,
-        batch: BatchConfig | None = None,
+        batch: BatchConfig | BatchRequest | None = None,
         parallelism: dict[str, int] | None = None,
         *,
         comm: Comm | None = None,
@@ -127,7 +127,12 @@ class CheckpointManager:
         self.saver = Saver(
             config, self.state, probe, self.store, self.comm, self.hb, env, parallelism or {"dp_shard": self.comm.world_size}, before_commit
         )
-        self.saver.batch = batch
+        self.request = BatchRequest.of(batch)
+        self._batch_error: CkptError | None = None
+        try:  # a fresh start's split; a resume re-plans it from the checkpoint
+            self.saver.batch = self.request.resolve(self.comm.world_size) if self.request is not None else None
+        except CkptError as exc:  # e.g. --global-batch 12 --micro-batch 3 on 3 ranks: a resume may still plan it
+            self._batch_error = exc
         self._env = env
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.plan: ReshardPlan | None = None  # set when resume() resharded
@@ -144,8 +149,15 @@ class CheckpointManager:
     # ------------------------------------------------------------------ what the run reads
     @property
     def batch(self) -> BatchConfig | None:
-        """The batch split to train with: after a resume at another world size, the reshard
-        plan's (same global batch); otherwise the one given."""
+        """The batch split to train with: after a resume, the plan for this world size (the
+        checkpoint's global batch, unless the run gave another one explicitly); on a fresh start
+        the one asked for. None when no batch was given.
+
+        Raises:
+            CkptError: on a fresh start, when the split asked for does not fit this world size (exit 2).
+        """
+        if self.saver.batch is None and self._batch_error is not None:
+            raise self._batch_error
         return self.saver.batch
 
     @property
@@ -189,7 +201,7 @@ class CheckpointManager:
         """
         self.saver.wait()
         self.claim.ensure()
-        resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.saver.batch).run()
+        resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request).run()
         if resumed is None:
             self.hb.beat(0, "step")
             return None
@@ -287,6 +299,7 @@ class CheckpointManager:
         next step and stop, as if the supervisor had asked. Otherwise: let an in-flight save
         commit (up to ``exit_wait_s``), then die as SIGTERM would."""
         if self.hb.active:
+            self.hb.terminated()
             self.hb.request_stop()
             return
         try:

@@ -18,7 +18,7 @@ from typing import Any
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.recovery import fallback_step
@@ -57,7 +57,7 @@ class Resumption:
         store: CheckpointStore,
         comm: Comm,
         env: Callable[[], dict[str, Any]],
-        requested: BatchConfig | None,
+        requested: BatchRequest | None,
     ) -> None:
         self.config, self.state, self.probe, self.store, self.comm = config, state, probe, store, comm
         self.env, self.requested = env, requested
@@ -181,15 +181,26 @@ class Resumption:
                 "reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json()
             )
         log.info("ckpt: resumed from %s (step %d)", path, step)
-        batch = plan.new if plan is not None else (self.requested or manifest.batch)
+        batch = plan.new if plan is not None else self._batch_same_size(manifest)
         return Resumed(step, manifest.run_id, batch, plan, extra), []
+
+    def _batch_same_size(self, manifest: Manifest) -> BatchConfig | None:
+        """At the saved world size: the saved split, re-planned only when the command asks for
+        another micro-batch (the checkpoint's global batch still wins) or another global batch."""
+        if manifest.batch is None:
+            return self.requested.resolve(self.comm.world_size) if self.requested is not None else None
+        batch = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, self.comm.world_size, requested=self.requested).new
+        if batch.global_batch != manifest.batch.global_batch:
+            log.warning("ckpt: global batch %d -> %d, as this run asks (--global-batch)", manifest.batch.global_batch, batch.global_batch)
+        return batch
 
     def _plan_reshard(self, manifest: Manifest) -> ReshardPlan:
         """A different world size: the one plan (``core.reshard.plan_resume``, the same ``ckpt
-        recover`` reports) keeps the global batch and never changes it silently."""
+        recover`` reports) keeps the global batch and changes it only when the run gives another
+        one explicitly."""
         plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, self.comm.world_size, requested=self.requested)
         log.warning(
-            "ckpt: resharding step %d from %d to %d ranks: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d kept",
+            "ckpt: resharding step %d from %d to %d ranks: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d (was %d)",
             manifest.step,
             manifest.world_size,
             self.comm.world_size,
@@ -198,6 +209,7 @@ class Resumption:
             plan.old.micro_batch,
             plan.old.grad_accum,
             plan.new.global_batch,
+            plan.old.global_batch,
         )
         return plan
 

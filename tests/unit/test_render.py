@@ -36,6 +36,8 @@ def spec(**kw) -> JobSpec:
             "full",
             {
                 "nodes": 4,
+                "min_nodes": 3,
+                "suspect_after": 3,
                 "gpus_per_node": 8,
                 "cpus_per_task": 64,
                 "mem": "400G",
@@ -147,3 +149,12 @@ def test_signal_lead_accounts_for_checkpoint_time_and_slurm_jitter():
     assert signal_lead(5.0) == 120  # floor
     assert signal_lead(100.0) == 260  # 2 x 100 + 60 s of SLURM warning jitter
     assert "#SBATCH --signal=B:USR1@260" in directives(spec(signal_lead_s=signal_lead(100.0)))
+
+
+def test_min_nodes_renders_a_node_range_and_is_checked():
+    assert "#SBATCH --nodes=2-3" in render(spec(nodes=3, min_nodes=2), TEMPLATE)
+    assert "#SBATCH --nodes=3\n" in render(spec(nodes=3, min_nodes=3), TEMPLATE)
+    assert "MIN_NODES=2\n" in render(spec(nodes=3, min_nodes=2), TEMPLATE)
+    for bad in (0, 4):
+        with pytest.raises(CkptError, match="--min-nodes"):
+            spec(nodes=3, min_nodes=bad)

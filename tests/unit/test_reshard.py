@@ -1,6 +1,6 @@
 import pytest
 
-from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.reshard import check_shapes, plan_batch, step_slices
 from ckpt_tool.errors import CkptError
 
@@ -72,10 +72,18 @@ def test_plan_resume_order_demand_then_recorded_then_default():
     assert plan_resume(saved, 4, lineage, 2).new == BatchConfig(2, 3, 2)  # recorded for this size
     assert plan_resume(saved, 4, lineage, 3).new == BatchConfig(2, 2, 3)  # recorded for another size: default
     assert plan_resume(saved, 4, lineage, 2, micro_batch=6).new == BatchConfig(6, 1, 2)  # an explicit demand
-    # the run's own split does not move the plan; only its global batch is checked
-    assert plan_resume(saved, 4, [], 2, requested=BatchConfig(6, 1, 2)).new == BatchConfig(3, 2, 2)
-    with pytest.raises(CkptError, match="asks for global batch 16"):
-        plan_resume(saved, 4, [], 2, requested=BatchConfig(8, 1, 2))
+    # the command's own micro-batch is kept when it divides, else the largest that does
+    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=6)).new == BatchConfig(6, 1, 2)
+    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=4, grad_accum=1)).new == BatchConfig(3, 2, 2)
+    # the checkpoint's global batch wins over one derived from the command (micro x accum x ranks)...
+    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=8, grad_accum=1)).new.global_batch == 12
+    # ...unless the command gives it explicitly: a deliberate change
+    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(global_batch=16)).new == BatchConfig(8, 1, 2)
+    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=3, global_batch=12)).new == BatchConfig(3, 2, 2)
+    with pytest.raises(CkptError, match="not divisible"):
+        plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=5, global_batch=16))
+    # a command without a micro-batch: the recorded plan, else the saved micro-batch
+    assert plan_resume(saved, 4, lineage, 2, requested=BatchRequest(global_batch=12)).new == BatchConfig(2, 3, 2)
     with pytest.raises(CkptError, match="records no batch split"):
         plan_resume(None, 4, [], 2)
     damaged = [{"event": "reshard_plan", "world_size": 2, "batch": "garbage"}]

@@ -1,0 +1,258 @@
+"""Which node is to blame, and what to do about it. Pure: events in, a ledger and a plan out.
+
+Every failure `ckpt run` sees is a *failure group*: the rank exits and hangs of one torchrun
+attempt of one round (one ``srun`` step: ``round`` = job id, requeue count, step id), logged by
+the watchdog of each node with the node's name. A rank's exit has a cause:
+
+- ``crashed``: an exception of its own (``classify_crash`` says it is not a collective failing
+  because a peer died), ``killed``: it vanished without a word (SIGKILL, a segfault, the OOM
+  killer), ``hung``: the watchdog's culprit of a hang. These *blame* the rank's node;
+- ``peer_failure``: a collective failed because a peer went away (gloo "connection closed by
+  peer", NCCL aborts), ``terminated``: torchrun stopped it because another rank failed. These
+  are victims, not culprits.
+
+The ledger folds the groups in order: a group that blames some nodes of the round while other
+nodes of the round were fine adds one failure *in a row* to each blamed node and resets the
+others; a group that blames every node (a bug in the code fails everywhere) or none is
+*unattributed* and resets everybody. A node blamed ``suspect_after`` times in a row is suspect.
+
+``plan_nodes`` turns the ledger into one action for the batch script: ``continue``, ``shrink``
+(scontrol update NodeList=keep), ``requeue`` (with ExcNodeList) or ``stop`` (the failure is not a
+node's: the crash-loop breaker's business). One guard keeps a code bug from eating the
+allocation: after nodes were left behind, no more are until a new checkpoint was committed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+BLAMING_CAUSES = frozenset({"crashed", "killed", "hung"})
+VICTIM_CAUSES = frozenset({"peer_failure", "terminated"})
+DEFAULT_SUSPECT_AFTER = 2
+LEAVE_EVENT = "nodes_left_behind"  # logged by `ckpt nodes` when it tells the script to shrink or requeue
+
+# A collective that failed because a peer went away: not this rank's fault.
+_PEER_ERROR_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_PEER_MESSAGES = re.compile(
+    r"connection closed by peer|connection reset by peer|remote worker crash|broken pipe|"
+    r"nccl communicator was aborted|ncclremoteerror|watchdog caught collective operation timeout|"
+    r"gloo/transport|socket timeout|connection refused",
+    re.IGNORECASE,
+)
+
+
+def classify_crash(error_type: str, message: str) -> Literal["crashed", "peer_failure"]:
+    """``peer_failure`` for a collective that failed because another rank went away (the
+    error names the transport or the peer), else ``crashed``: this rank's own failure."""
+    if error_type.rsplit(".", 1)[-1] in _PEER_ERROR_TYPES or _PEER_MESSAGES.search(message or ""):
+        return "peer_failure"
+    return "crashed"
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    node: str
+    in_a_row: int = 0  # failures blamed on this node with no failure elsewhere in between
+    total: int = 0
+    last_reason: str = ""
+    last_time: float | None = None
+    left_behind: str | None = None  # why the job left it behind, when it did
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "failures_in_a_row": self.in_a_row,
+            "failures_total": self.total,
+            "last_reason": self.last_reason,
+            "last_time": self.last_time,
+            "left_behind": self.left_behind,
+        }
+
+
+@dataclass(frozen=True)
+class HealthLedger:
+    nodes: tuple[NodeRecord, ...] = ()
+    attributed: int = 0  # failure groups blamed on some nodes of their round
+    unattributed: int = 0  # failure groups blamed on every node, or on none
+    leave_checkpoint: int | None = None  # the newest checkpoint when nodes were last left behind
+    left_any: bool = False
+
+    def record(self, node: str) -> NodeRecord:
+        return next((r for r in self.nodes if r.node == node), NodeRecord(node))
+
+    def suspects(self, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> tuple[str, ...]:
+        return tuple(r.node for r in self.nodes if r.in_a_row >= suspect_after)
+
+    def left_behind(self) -> tuple[str, ...]:
+        return tuple(r.node for r in self.nodes if r.left_behind)
+
+    def to_json(self, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> dict[str, Any]:
+        return {
+            "nodes": [r.to_json() for r in self.nodes],
+            "suspects": list(self.suspects(suspect_after)),
+            "left_behind": list(self.left_behind()),
+            "suspect_after": suspect_after,
+            "failures_attributed": self.attributed,
+            "failures_unattributed": self.unattributed,
+        }
+
+
+@dataclass
+class _Group:
+    blamed: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # node -> (cause, reason, time)
+
+    def culprits(self) -> dict[str, tuple[str, str, float]]:
+        """A rank that vanished without a word next to one that raised an error of its own was
+        most likely torn down (by its agent, before it could say so): the error is the culprit."""
+        spoke = {n: b for n, b in self.blamed.items() if b[0] != "killed"}
+        return spoke or self.blamed
+
+
+def _blame(e: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(cause, reason) when an event blames its node, else None."""
+    if e.get("event") == "rank_exited" and e.get("cause") in BLAMING_CAUSES:
+        return str(e["cause"]), f"rank {e.get('rank')} (local {e.get('local_rank')}) {e.get('cause')}: {e.get('reason', '')}".rstrip(": ")
+    if e.get("event") == "hang" and e.get("culprit"):
+        return "hung", f"rank {e.get('rank')} (local {e.get('local_rank')}) hung in {e.get('phase')} at step {e.get('step')}"
+    return None
+
+
+def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
+    """The ledger of a run from its events (``events.jsonl``), oldest first."""
+    round_nodes: dict[str, set[str]] = {}
+    round_end: dict[str, float] = {}  # exits after a round was ended are the watchdogs' own doing
+    groups: dict[tuple[str, int], _Group] = {}
+    order: list[tuple[str, Any]] = []  # ("group", key) or ("leave", event), in log order
+    for e in events:
+        node, rnd = e.get("node"), e.get("round")
+        if e.get("event") == LEAVE_EVENT:
+            order.append(("leave", e))
+            continue
+        if not isinstance(node, str) or not isinstance(rnd, str):
+            continue
+        when = float(e.get("time") or 0.0)
+        if e.get("event") == "start":
+            round_nodes.setdefault(rnd, set()).add(node)
+            continue
+        if e.get("event") == "round_ended":
+            round_end.setdefault(rnd, when)
+            continue
+        blame = _blame(e)
+        if (blame is None and e.get("event") != "rank_exited") or when > round_end.get(rnd, float("inf")):
+            continue
+        key = (rnd, int(e.get("attempt") or 0))
+        if key not in groups:
+            groups[key] = _Group()
+            order.append(("group", key))
+        if blame is not None and (node not in groups[key].blamed or groups[key].blamed[node][0] == "killed"):
+            groups[key].blamed[node] = (*blame, when)
+    records: dict[str, NodeRecord] = {}
+    ledger = HealthLedger()
+    for kind, item in order:
+        if kind == "leave":
+            left = [str(n) for n in item.get("drop") or []]
+            for n in left:
+                records[n] = replace(records.get(n, NodeRecord(n)), left_behind=str(item.get("reason", "left behind")))
+            ckpt = item.get("checkpoint")
+            ledger = replace(ledger, leave_checkpoint=ckpt if isinstance(ckpt, int) else None, left_any=ledger.left_any or bool(left))
+            continue
+        culprits = groups[item].culprits()
+        nodes = round_nodes.get(item[0], set()) | set(culprits)
+        for n in nodes:
+            records.setdefault(n, NodeRecord(n))
+        if not culprits:
+            continue  # only victims seen: nothing to learn
+        if len(nodes) < 2 or set(culprits) >= nodes:  # everywhere (or one node, nobody to compare with)
+            ledger = replace(ledger, unattributed=ledger.unattributed + 1)
+            for n in nodes:
+                r = records[n]
+                records[n] = replace(r, in_a_row=0, total=r.total + (n in culprits))
+            continue
+        ledger = replace(ledger, attributed=ledger.attributed + 1)
+        for n in nodes:
+            r = records[n]
+            if n in culprits:
+                _, reason, when = culprits[n]
+                records[n] = replace(r, in_a_row=r.in_a_row + 1, total=r.total + 1, last_reason=reason, last_time=when)
+            else:
+                records[n] = replace(r, in_a_row=0)
+    return replace(ledger, nodes=tuple(records[n] for n in sorted(records)))
+
+
+Action = Literal["continue", "shrink", "requeue", "stop"]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What the batch script does next: ``keep`` the nodes to go on with, ``drop`` the nodes to
+    give back now, ``exclude`` every node the job must not land on again (for ExcNodeList)."""
+
+    action: Action
+    keep: tuple[str, ...]
+    drop: tuple[str, ...]
+    exclude: tuple[str, ...]
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "keep": list(self.keep),
+            "drop": list(self.drop),
+            "exclude": list(self.exclude),
+            "reason": self.reason,
+        }
+
+
+def plan_nodes(
+    current: Sequence[str],
+    ledger: HealthLedger,
+    min_nodes: int,
+    newest_checkpoint: int | None,
+    after_failure: bool,
+    suspect_after: int = DEFAULT_SUSPECT_AFTER,
+) -> NodePlan:
+    """The next action for a job on ``current`` nodes.
+
+    At a job's start (``after_failure`` False) nodes left behind before (or suspect) are dropped
+    again: SLURM may hand them back when ExcNodeList could not be set. After a failed round, the
+    suspects are dropped; when none is suspect the failure is not a node's and the job stops.
+    With fewer than ``min_nodes`` left it requeues excluding every bad node.
+    """
+    suspects = set(ledger.suspects(suspect_after))
+    bad = suspects | set(ledger.left_behind()) if not after_failure else suspects
+    drop = tuple(n for n in current if n in bad)
+    keep = tuple(n for n in current if n not in bad)
+    exclude = tuple(sorted(set(ledger.left_behind()) | suspects))
+    if not drop:
+        if not after_failure:
+            return NodePlan("continue", keep, (), exclude, "no node of this allocation is suspect")
+        return NodePlan(
+            "stop",
+            keep,
+            (),
+            exclude,
+            f"no node failed {suspect_after} times in a row while the others were fine: the failure is not one node's "
+            "(a bug in the code or the data fails everywhere); not leaving any node behind",
+        )
+    blamed = "; ".join(f"{n}: {ledger.record(n).in_a_row} failures in a row, last {ledger.record(n).last_reason}" for n in drop)
+    if after_failure and ledger.left_any and newest_checkpoint == ledger.leave_checkpoint:
+        return NodePlan(
+            "stop",
+            keep,
+            (),
+            exclude,
+            f"failures went on after nodes were left behind, with no new checkpoint since ({blamed}): "
+            "the fault follows the job, not a node; not leaving more nodes behind",
+        )
+    if len(keep) >= min_nodes:
+        return NodePlan("shrink", keep, drop, exclude, f"leaving {', '.join(drop)} behind ({blamed}); going on with {len(keep)} node(s)")
+    return NodePlan(
+        "requeue",
+        keep,
+        drop,
+        exclude,
+        f"only {len(keep)} healthy node(s) left, fewer than --min-nodes {min_nodes} ({blamed}): requeue excluding {', '.join(exclude)}",
+    )

@@ -1,0 +1,47 @@
+"""``ckpt nodes``: the batch script asks which nodes to go on with; the answer is recorded.
+
+The decision is ``core.health.plan_nodes`` over the ledger folded from the run's events; this
+module adds the facts it needs from disk (the newest checkpoint) and records a shrink or an
+exclusion in the event log (``nodes_left_behind``), where the ledger, ``ckpt status`` and
+``ckpt history`` find it. The batch script only carries the plan out (``scontrol``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, LEAVE_EVENT, NodePlan, plan_nodes
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.supervise import health
+from ckpt_tool.supervise.events import note
+
+
+def newest_checkpoint(ckpt_dir: Path) -> int | None:
+    try:
+        return CheckpointStore(ckpt_dir).latest_or_none()
+    except CkptError:
+        return None
+
+
+def decide_nodes(
+    ckpt_dir: Path,
+    run_dir: Path,
+    current: Sequence[str],
+    min_nodes: int,
+    after_failure: bool,
+    suspect_after: int = DEFAULT_SUSPECT_AFTER,
+) -> NodePlan:
+    """The plan for a job on ``current`` nodes; a shrink or requeue is recorded in the events."""
+    if not current or any(not n or "," in n or n != n.strip() for n in current):
+        raise CkptError(f"--nodes {','.join(current)!r} is not a list of node names", "e.g. --nodes n1,n2,n3", ExitCode.USAGE)
+    if min_nodes < 1 or suspect_after < 1:
+        raise CkptError("--min-nodes and --suspect-after must be >= 1", "see `ckpt nodes --help`", ExitCode.USAGE)
+    ledger = health.ledger(run_dir)
+    newest = newest_checkpoint(ckpt_dir)
+    plan = plan_nodes(tuple(current), ledger, min_nodes, newest, after_failure, suspect_after)
+    if plan.drop:
+        note(run_dir, LEAVE_EVENT, action=plan.action, drop=list(plan.drop), keep=list(plan.keep), reason=plan.reason, checkpoint=newest)
+        health.write_ledger(run_dir, health.ledger(run_dir), suspect_after)
+    return plan

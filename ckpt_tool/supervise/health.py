@@ -1,0 +1,75 @@
+"""The health ledger on disk: ``RUN_DIR/health.json`` and the end-of-round marker.
+
+The ledger is folded (``core.health.fold_health``) from the run's events, which every node's
+``ckpt run`` appends to the shared run directory; ``health.json`` is its latest fold, written
+atomically for people and tools (``ckpt status`` folds the events itself). When one watchdog
+finds a suspect node in its round it writes ``round_end.json``; every watchdog of the round
+polls for it, so all nodes leave the round together and the batch script can act.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, HealthLedger, fold_health
+from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.supervise.events import read_events
+
+HEALTH_NAME = "health.json"
+ROUND_END_NAME = "round_end.json"
+
+
+def node_name() -> str:
+    """SLURM's name for this node (what NodeList and ExcNodeList take), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def round_id() -> str:
+    """One id shared by every node's ``ckpt run`` of one ``srun`` step: job id, requeue count
+    and step id. Outside SLURM each ``ckpt run`` is a round of its own."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if job and step:
+        return f"{job}.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{step}"
+    return f"local-{uuid.uuid4().hex[:12]}"
+
+
+def ledger(run_dir: Path) -> HealthLedger:
+    return fold_health(read_events(run_dir))
+
+
+def write_ledger(run_dir: Path, folded: HealthLedger, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> None:
+    data = {"time": time.time(), **folded.to_json(suspect_after)}
+    atomic_write(run_dir / HEALTH_NAME, (json.dumps(data, indent=1) + "\n").encode())
+
+
+def judge_round(run_dir: Path, round_id: str, suspect_after: int) -> list[str]:
+    """Fold the ledger, write it, and return the suspect nodes of round ``round_id``."""
+    events = read_events(run_dir)
+    folded = fold_health(events)
+    try:
+        write_ledger(run_dir, folded, suspect_after)
+    except OSError:
+        pass  # the ledger file is a convenience; the events hold the facts
+    in_round = {e.get("node") for e in events if e.get("event") == "start" and e.get("round") == round_id}
+    return [n for n in folded.suspects(suspect_after) if n in in_round]
+
+
+def end_round(run_dir: Path, round_id: str, suspects: list[str], by: str) -> None:
+    record = {"round": round_id, "suspects": suspects, "by": by, "time": time.time()}
+    atomic_write(run_dir / ROUND_END_NAME, (json.dumps(record) + "\n").encode())
+
+
+def round_ended(run_dir: Path, round_id: str) -> list[str] | None:
+    """The suspects another node's watchdog named when it ended round ``round_id``, or None."""
+    try:
+        record = json.loads((run_dir / ROUND_END_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("round") != round_id:
+        return None
+    return [str(n) for n in record.get("suspects") or []]

@@ -1,0 +1,132 @@
+"""A node that keeps failing, on a real SLURM cluster (.ci/slurm-up: three fake nodes n1-n3).
+
+The reference recipe's ``--fail-on-node`` makes the ranks on one SLURM node fail a few steps
+into every start (a lasting hardware fault). The job, submitted with ``--nodes 3 --min-nodes 2``,
+must leave that node behind (scontrol update NodeList), resume on two nodes with the same global
+batch, and train the same losses as an uninterrupted three-rank run; a requeue while shrunk must
+keep the job off that node (ExcNodeList); a fault that moves between nodes or a bug that fails
+everywhere must not cost a healthy node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from ckpt_tool.core.health import fold_health
+from ckpt_tool.recipes.launch import read_metrics
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.supervise.events import read_events
+
+from ..conftest import Recipe
+from .test_submit_chain import Job, cancel_jobs, sh, slurm  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 30
+# no dropout: the losses of a run resharded onto fewer ranks match within float rounding
+BATCH = ("--micro-batch", "4", "--grad-accum", "1", "--dropout", "0")  # global batch 12 on 3 ranks
+THREE_NODES = ("--nodes", "3", "--min-nodes", "2", "--nproc-per-node", "1", "--env", "OMP_NUM_THREADS=1")
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def reference_3(tmp_path_factory) -> Recipe:
+    """An uninterrupted run at world size 3 (one machine, three ranks): the losses to match."""
+    recipe = Recipe(tmp_path_factory.mktemp("reference3"), nproc=3, steps=STEPS, extra=BATCH)
+    assert recipe.run() == 0, recipe.log.read_text()[-4000:]
+    return recipe
+
+
+def assert_losses_match(reference: Recipe, job: Job) -> None:
+    ref = {m.step: m.loss for m in reference.metrics_lines()}
+    seen = read_metrics(job.metrics)
+    assert {m.step for m in seen} == set(ref), "every step trained"
+    bad = [(m.step, m.loss, ref[m.step]) for m in seen if abs(m.loss - ref[m.step]) > RTOL * abs(ref[m.step])]
+    assert not bad, bad[:5]
+
+
+def events(job: Job) -> list[dict]:
+    return read_events(job.run_dir)
+
+
+def start_nodes(job: Job) -> list[str]:
+    return [e["nodes"] for e in events(job) if e["event"] == "job_start"]
+
+
+def test_a_node_that_keeps_failing_is_left_behind_and_the_job_goes_on(slurm, reference_3, tmp_path, cancel_jobs):
+    job = Job(tmp_path, "--fail-on-node", "n3", "--fail-after-steps", "7", *BATCH, submit_opts=THREE_NODES, steps=STEPS)
+    cancel_jobs.append(job)
+    job.wait_done(timeout=420)
+    out = job.output()
+    assert start_nodes(job) == ["n[1-3]"], out[-3000:]
+    assert "left n3 behind" in out and "training finished" in out, out[-4000:]
+    log = events(job)
+    blamed = [e for e in log if e["event"] == "rank_exited" and e["cause"] == "crashed"]
+    assert {e["node"] for e in blamed} == {"n3"} and len(blamed) == 2, blamed
+    assert all("ECC" in e["reason"] for e in blamed)
+    left = [e for e in log if e["event"] == "nodes_left_behind"]
+    assert [(e["action"], e["drop"], e["keep"]) for e in left] == [("shrink", ["n3"], ["n1", "n2"])]
+    assert [e["num_nodes"] for e in log if e["event"] == "shrunk"] == ["2"]
+    ledger = fold_health(log)
+    assert ledger.record("n3").in_a_row == 2 and ledger.record("n3").left_behind
+    assert ledger.record("n1").total == 0 and ledger.record("n2").total == 0
+    store = CheckpointStore(job.ckpt)
+    final = store.read_manifest(STEPS)
+    assert final.world_size == 2 and final.batch is not None
+    assert (final.batch.micro_batch, final.batch.grad_accum, final.batch.global_batch) == (3, 2, 12)
+    assert_losses_match(reference_3, job)
+    status = job.status()
+    assert status["health"]["left_behind"] == ["n3"], status["health"]
+
+
+def test_a_requeue_while_shrunk_never_lands_on_the_node_left_behind(slurm, reference_3, tmp_path, cancel_jobs):
+    job = Job(tmp_path, "--fail-on-node", "n3", "--fail-after-steps", "4", *BATCH, submit_opts=THREE_NODES, steps=STEPS)
+    cancel_jobs.append(job)
+    job.wait_for(lambda: "left n3 behind" in job.output(), "shrink", timeout=300)
+    job.wait_for(lambda: any(e["event"] == "resumed" for e in events(job) if e.get("node") != "n3" and e["time"] > shrunk_at(job)), "resume")
+    job.usr1()
+    job.release_when_pending()
+    job.wait_done(timeout=300)
+    out = job.output()
+    assert "restart=1" in out and "training finished" in out, out[-4000:]
+    assert "ExcNodeList=n3" in sh("scontrol", "show", "job", job.id), "the requeued job keeps n3 excluded"
+    starts = start_nodes(job)
+    assert starts[0] == "n[1-3]" and len(starts) == 2 and "n3" not in starts[1] and "3]" not in starts[1], starts
+    assert [e["nodes"] for e in events(job) if e["event"] == "excluded"] == ["n3"]
+    assert_losses_match(reference_3, job)
+
+
+def shrunk_at(job: Job) -> float:
+    return next((e["time"] for e in events(job) if e["event"] == "shrunk"), float("inf"))
+
+
+def test_a_fault_that_moves_between_nodes_costs_no_node(slurm, reference_3, tmp_path, cancel_jobs):
+    job = Job(tmp_path, "--fail-on-node", "n1,n2,n3", "--fail-after-steps", "7", *BATCH, submit_opts=THREE_NODES, steps=STEPS)
+    cancel_jobs.append(job)
+    job.wait_done(timeout=420)
+    out = job.output()
+    assert "training finished" in out, out[-4000:]
+    log = events(job)
+    assert not [e for e in log if e["event"] in ("nodes_left_behind", "shrunk", "round_ended")], out[-3000:]
+    ledger = fold_health(log)
+    assert [(r.node, r.total, r.in_a_row) for r in ledger.nodes] == [("n1", 1, 0), ("n2", 1, 0), ("n3", 1, 1)]
+    assert CheckpointStore(job.ckpt).read_manifest(STEPS).world_size == 3
+    assert_losses_match(reference_3, job)
+
+
+def test_a_bug_that_fails_everywhere_stops_the_job_without_leaving_nodes_behind(slurm, tmp_path, cancel_jobs):
+    job = Job(tmp_path, "--bug-at-step", "12", *BATCH, submit_opts=THREE_NODES, steps=STEPS)
+    cancel_jobs.append(job)
+    job.wait_done(timeout=420)
+    out = job.output()
+    assert "crash loop" in json.dumps(events(job)) and "not a node's fault" in out, out[-4000:]
+    assert "the failure is not one node's" in out
+    log = events(job)
+    assert not [e for e in log if e["event"] in ("nodes_left_behind", "shrunk", "requeue")]
+    assert [e["exit_code"] for e in log if e["event"] == "job_failed"] == ["76"]
+    ledger = fold_health(log)
+    assert ledger.attributed == 0 and ledger.unattributed >= 2 and not ledger.suspects()
+    assert subprocess.run(["squeue", "-h", "-j", job.id], capture_output=True, text=True).stdout.strip() == ""
