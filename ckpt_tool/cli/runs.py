@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table, shorten
+from ckpt_tool.core.health import fold_health
 from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.errors import CkptError, ExitCode
 
@@ -83,7 +84,9 @@ def status(
     job_events = [e for e in events if str(e.get("job_id", job_id)) == str(job_id)] if job_id else events
     report["starts"] = sum(1 for e in job_events if e["event"] == "job_start")
     report["requeues"] = sum(1 for e in events if e["event"] == "requeue")
-    report["in_allocation_restarts"] = sum(1 for e in events if e["event"] == "restarted")
+    # every node's `ckpt run` logs a restart of its ranks: count each group restart once
+    report["in_allocation_restarts"] = len({(e.get("round"), e.get("attempt"), e.get("node") is None) for e in events if e["event"] == "restarted"})
+    report["health"] = fold_health(events).to_json()
     finals = [
         e["event"]
         for e in events
@@ -106,10 +109,26 @@ def status(
         )
     if report["final"]:
         out.print(f"final state: [bold]{report['final']}[/]")
+    _print_health(report["health"])
     for e in report["last_events"]:
         out.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {escape(_details(e, e['event'] + ' '))}")
     for text in notes:
         err.print(f"[yellow]note:[/] {escape(text)}")
+
+
+def _print_health(health: dict[str, Any]) -> None:
+    """The node ledger, when a node has failed or been left behind (all quiet: nothing)."""
+    rows = [n for n in health["nodes"] if n["failures_total"] or n["left_behind"]]
+    if not rows:
+        return
+    print_table(
+        [Column("node"), Column("in a row"), Column("total"), Column("last failure"), Column("left behind")],
+        [
+            (n["node"], n["failures_in_a_row"], n["failures_total"], shorten(n["last_reason"] or "-", 90), n["left_behind"] or "-")
+            for n in health["nodes"]
+        ],
+        title=f"node health (suspect after {health['suspect_after']} failures in a row)",
+    )
 
 
 def _details(e: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ("time", "event", "source", "argv", "run_id")) -> str:
@@ -145,6 +164,10 @@ def history(
         "crash_loop": "red",
         "fatal": "red",
         "job_failed": "red",
+        "round_ended": "red",
+        "nodes_left_behind": "red",
+        "shrunk": "yellow",
+        "excluded": "yellow",
         "requeue": "yellow",
         "restarted": "yellow",
         "rollback": "yellow",

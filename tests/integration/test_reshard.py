@@ -55,6 +55,9 @@ CASES = {
     "2-to-1": (2, 1, ("--global-batch", "16", "--micro-batch", "8")),
     "1-to-2": (1, 2, ("--global-batch", "16", "--micro-batch", "4")),
     "4-to-3": (4, 3, ("--global-batch", "12", "--micro-batch", "3")),
+    # the identical command on fewer ranks: its micro-batch x accumulation would give global batch
+    # 4 at one rank; the checkpoint's 8 wins, the micro-batch is kept, accumulation doubles
+    "2-to-1-same-command": (2, 1, ("--micro-batch", "4", "--grad-accum", "1")),
 }
 
 
@@ -75,6 +78,8 @@ def test_resume_at_another_world_size(tmp_path, case):
     assert (before.world_size, after.world_size) == (old, new)
     assert after.batch.global_batch == before.batch.global_batch  # unchanged
     assert after.batch.dp_size == new
+    if "--global-batch" not in batch_args:
+        assert (after.batch.micro_batch, after.batch.grad_accum) == (4, 2)
     [event] = [e for e in store.events() if e.event == "reshard"]
     assert (event.data["from_world_size"], event.data["to_world_size"]) == (old, new)
 

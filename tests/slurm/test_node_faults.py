@@ -83,24 +83,28 @@ def test_a_node_that_keeps_failing_is_left_behind_and_the_job_goes_on(slurm, ref
 
 
 def test_a_requeue_while_shrunk_never_lands_on_the_node_left_behind(slurm, reference_3, tmp_path, cancel_jobs):
-    job = Job(tmp_path, "--fail-on-node", "n3", "--fail-after-steps", "4", *BATCH, submit_opts=THREE_NODES, steps=STEPS)
+    job = Job(tmp_path, "--fail-on-node", "n3", "--fail-after-steps", "7", *BATCH, submit_opts=THREE_NODES, steps=STEPS)
     cancel_jobs.append(job)
-    job.wait_for(lambda: "left n3 behind" in job.output(), "shrink", timeout=300)
-    job.wait_for(lambda: any(e["event"] == "resumed" for e in events(job) if e.get("node") != "n3" and e["time"] > shrunk_at(job)), "resume")
-    job.usr1()
+    job.wait_for(lambda: "round 1: starting ckpt run on 2 node(s)" in job.output(), "shrink", timeout=300)
+    job.usr1()  # the time-limit warning while shrunk: checkpoint, requeue
     job.release_when_pending()
     job.wait_done(timeout=300)
     out = job.output()
     assert "restart=1" in out and "training finished" in out, out[-4000:]
-    assert "ExcNodeList=n3" in sh("scontrol", "show", "job", job.id), "the requeued job keeps n3 excluded"
-    starts = start_nodes(job)
-    assert starts[0] == "n[1-3]" and len(starts) == 2 and "n3" not in starts[1] and "3]" not in starts[1], starts
-    assert [e["nodes"] for e in events(job) if e["event"] == "excluded"] == ["n3"]
+    log = events(job)
+    assert [e["exclude"] for e in log if e["event"] == "requeue"] == ["n3"]
+    # The requeued job never trains on n3: either SLURM kept it off (ExcNodeList took while the
+    # job was pending) or the new start gave it back before training.
+    rounds = [(e["round"], e["node"]) for e in log if e["event"] == "start"]
+    first_round = rounds[0][0]
+    assert {node for rnd, node in rounds if rnd != first_round} == {"n1", "n2"}, rounds
+    later_starts = [e for e in log if e["event"] == "job_start" and e["restarts"] == "1"]
+    assert len(later_starts) == 1
+    excluded_by_slurm = "ExcNodeList=n3" in sh("scontrol", "show", "job", job.id)
+    dropped_at_start = [e for e in log if e["event"] == "shrunk" and e["time"] > later_starts[0]["time"]]
+    assert excluded_by_slurm or [e["dropped"] for e in dropped_at_start] == ["n3"], (later_starts, dropped_at_start)
+    print(f"requeue while shrunk: ExcNodeList took: {excluded_by_slurm}; given back at the start: {bool(dropped_at_start)}")
     assert_losses_match(reference_3, job)
-
-
-def shrunk_at(job: Job) -> float:
-    return next((e["time"] for e in events(job) if e["event"] == "shrunk"), float("inf"))
 
 
 def test_a_fault_that_moves_between_nodes_costs_no_node(slurm, reference_3, tmp_path, cancel_jobs):

@@ -1,0 +1,118 @@
+"""The health ledger and the node plan (core.health): events in, decisions out. Pure."""
+
+from __future__ import annotations
+
+from ckpt_tool.core.health import LEAVE_EVENT, classify_crash, fold_health, plan_nodes
+
+NODES = ("n1", "n2", "n3")
+
+
+def start(rnd: str, *nodes: str) -> list[dict]:
+    return [{"event": "start", "node": n, "round": rnd, "attempt": 0, "time": 0.0} for n in nodes]
+
+
+def exit_(rnd: str, attempt: int, node: str, cause: str, t: float = 1.0, **kw) -> dict:
+    return {"event": "rank_exited", "node": node, "round": rnd, "attempt": attempt, "cause": cause, "rank": 0, "local_rank": 0, "time": t, **kw}
+
+
+def failure(rnd: str, attempt: int, culprit: str, t: float = 1.0) -> list[dict]:
+    """One failure group: the culprit's rank crashed, the others' collectives failed after it."""
+    return [exit_(rnd, attempt, culprit, "crashed", t, reason="RuntimeError: CUDA error")] + [
+        exit_(rnd, attempt, n, "peer_failure", t + 0.5) for n in NODES if n != culprit
+    ]
+
+
+def test_classify_crash_tells_a_peer_failure_from_a_rank_of_its_own():
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:50379"
+    assert classify_crash("builtins.RuntimeError", gloo) == "peer_failure"
+    assert classify_crash("torch.distributed.DistBackendError", "NCCL error in: ...") == "peer_failure"
+    assert classify_crash("builtins.RuntimeError", "NCCL communicator was aborted on rank 3") == "peer_failure"
+    assert classify_crash("builtins.RuntimeError", "CUDA error: uncorrectable ECC error encountered") == "crashed"
+    assert classify_crash("builtins.ValueError", "bad shape") == "crashed"
+
+
+def test_a_node_blamed_twice_in_a_row_while_the_others_were_fine_is_suspect():
+    events = start("r", *NODES) + failure("r", 0, "n3") + failure("r", 1, "n3", 5.0)
+    ledger = fold_health(events)
+    assert ledger.suspects(2) == ("n3",)
+    assert ledger.record("n3").in_a_row == 2 and ledger.record("n3").total == 2 and "CUDA error" in ledger.record("n3").last_reason
+    assert ledger.record("n1").total == 0 and ledger.attributed == 2
+    assert fold_health(start("r", *NODES) + failure("r", 0, "n3")).suspects(2) == ()  # once is not a pattern
+
+
+def test_a_fault_that_moves_never_makes_a_suspect():
+    events = start("r", *NODES) + failure("r", 0, "n1") + failure("r", 1, "n2") + failure("r", 2, "n3") + failure("r", 3, "n1")
+    ledger = fold_health(events)
+    assert ledger.suspects(2) == ()
+    assert [(r.node, r.total, r.in_a_row) for r in ledger.nodes] == [("n1", 2, 1), ("n2", 1, 0), ("n3", 1, 0)]
+
+
+def test_a_failure_on_every_node_is_nobodys_and_resets_the_count():
+    everywhere = [exit_("r", 1, n, "crashed", reason="ValueError: bug") for n in NODES]
+    ledger = fold_health(start("r", *NODES) + failure("r", 0, "n3") + everywhere + failure("r", 2, "n3"))
+    assert ledger.record("n3").in_a_row == 1 and ledger.unattributed == 1 and ledger.suspects(2) == ()
+
+
+def test_one_node_alone_cannot_be_compared_with_anything():
+    events = start("r", "n1") + [exit_("r", a, "n1", "crashed") for a in range(4)]
+    ledger = fold_health(events)
+    assert ledger.suspects(2) == () and ledger.unattributed == 4
+
+
+def test_a_silent_death_next_to_an_error_is_collateral_and_exits_after_the_round_ended_are_ignored():
+    group = [exit_("r", 0, "n3", "crashed"), exit_("r", 0, "n1", "killed", 1.2)]
+    after_end = [{"event": "round_ended", "node": "n3", "round": "r", "attempt": 1, "time": 2.0}, exit_("r", 1, "n1", "killed", 2.5)]
+    ledger = fold_health(start("r", *NODES) + group + after_end)
+    assert ledger.record("n3").in_a_row == 1 and ledger.record("n1").total == 0
+    alone = fold_health(start("r", *NODES) + [exit_("r", 0, "n2", "killed")])  # a SIGKILL with nothing else: the node
+    assert alone.record("n2").in_a_row == 1
+
+
+def test_a_hang_blames_the_culprits_node_only():
+    hang = [
+        {"event": "hang", "node": "n2", "round": "r", "attempt": 0, "culprit": True, "rank": 1, "phase": "step", "step": 7, "time": 1.0},
+        {"event": "hang", "node": "n2", "round": "r", "attempt": 0, "culprit": False, "rank": 2, "time": 1.0},
+    ]
+    assert fold_health(start("r", *NODES) + hang).record("n2").last_reason.startswith("rank 1 (local None) hung in step")
+
+
+def test_rounds_and_requeues_keep_the_count_and_leaving_nodes_is_remembered():
+    events = start("j.0.0", *NODES) + failure("j.0.0", 0, "n3") + start("j.1.0", *NODES) + failure("j.1.0", 0, "n3")
+    events.append({"event": LEAVE_EVENT, "drop": ["n3"], "keep": ["n1", "n2"], "reason": "keeps failing", "checkpoint": 10, "time": 9.0})
+    ledger = fold_health(events)
+    assert ledger.suspects(2) == ("n3",) and ledger.left_behind() == ("n3",) and ledger.leave_checkpoint == 10
+    garbage = [{"event": "rank_exited"}, {"node": 3, "round": None}, {"event": "start", "node": "n9"}]
+    assert fold_health(garbage + events) == ledger  # events without node and round are not evidence
+
+
+def suspect_ledger():
+    return fold_health(start("r", *NODES) + failure("r", 0, "n3") + failure("r", 1, "n3"))
+
+
+def test_plan_shrinks_while_enough_nodes_remain_else_requeues_excluding():
+    plan = plan_nodes(NODES, suspect_ledger(), 2, newest_checkpoint=10, after_failure=True)
+    assert (plan.action, plan.keep, plan.drop, plan.exclude) == ("shrink", ("n1", "n2"), ("n3",), ("n3",))
+    assert "n3: 2 failures in a row" in plan.reason
+    plan = plan_nodes(NODES, suspect_ledger(), 3, newest_checkpoint=10, after_failure=True)
+    assert (plan.action, plan.keep, plan.exclude) == ("requeue", ("n1", "n2"), ("n3",)) and "--min-nodes 3" in plan.reason
+
+
+def test_plan_stops_when_no_node_is_to_blame_or_the_fault_follows_the_job():
+    code_bug = fold_health(start("r", *NODES) + [exit_("r", a, n, "crashed") for a in range(3) for n in NODES])
+    plan = plan_nodes(NODES, code_bug, 2, newest_checkpoint=10, after_failure=True)
+    assert plan.action == "stop" and "not one node's" in plan.reason and plan.drop == ()
+    # n3 was left behind at checkpoint 10; now n2 fails twice with no new checkpoint since
+    events = start("r", *NODES) + failure("r", 0, "n3") + failure("r", 1, "n3")
+    events.append({"event": LEAVE_EVENT, "drop": ["n3"], "reason": "x", "checkpoint": 10, "time": 3.0})
+    events += start("s", "n1", "n2") + [exit_("s", a, "n2", "crashed", 4.0) for a in range(2)] + [exit_("s", 0, "n1", "peer_failure", 4.5)]
+    ledger = fold_health(events)
+    assert plan_nodes(("n1", "n2"), ledger, 1, newest_checkpoint=10, after_failure=True).action == "stop"
+    assert plan_nodes(("n1", "n2"), ledger, 1, newest_checkpoint=15, after_failure=True).action == "shrink"
+
+
+def test_at_a_start_nodes_left_behind_are_dropped_again():
+    ledger = fold_health([{"event": LEAVE_EVENT, "drop": ["n3"], "reason": "x", "checkpoint": 5, "time": 1.0}])
+    assert plan_nodes(("n1", "n2"), ledger, 2, 5, after_failure=False).action == "continue"
+    plan = plan_nodes(NODES, ledger, 2, 5, after_failure=False)
+    assert (plan.action, plan.keep, plan.drop) == ("shrink", ("n1", "n2"), ("n3",))
+    assert plan_nodes(("n1", "n3"), ledger, 2, 5, after_failure=False).action == "requeue"
