@@ -34,9 +34,15 @@ SCRIPTS = (
     "watchdog",
     "requeue_chain",
     "reshard_speed",
+    "node_fault",
 )
 SCRIPT_TIMEOUT_S = 480
-TIMEOUTS_S = {"watchdog": 900, "requeue_chain": 900, "reshard_speed": 900}  # several torchrun launches, failures and recoveries (~6 min)
+TIMEOUTS_S = {
+    "watchdog": 900,
+    "requeue_chain": 900,
+    "reshard_speed": 900,
+    "node_fault": 1500,
+}  # several torchrun launches, failures and recoveries (~6 min)
 
 
 # ----------------------------------------------------------------------------- machine

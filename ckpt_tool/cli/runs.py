@@ -85,7 +85,9 @@ def status(
     report["starts"] = sum(1 for e in job_events if e["event"] == "job_start")
     report["requeues"] = sum(1 for e in events if e["event"] == "requeue")
     # every node's `ckpt run` logs a restart of its ranks: count each group restart once
-    report["in_allocation_restarts"] = len({(e.get("round"), e.get("attempt"), e.get("node") is None) for e in events if e["event"] == "restarted"})
+    report["in_allocation_restarts"] = len(
+        {(e.get("round"), e.get("attempt"), e.get("node") is None) for e in events if e["event"] == "restarted"}
+    )
     report["health"] = fold_health(events).to_json()
     finals = [
         e["event"]

@@ -49,6 +49,10 @@ from ckpt_tool.supervise.events import note
 from ckpt_tool.supervise.processes import kill_tree
 
 DURATIONS_NAME = "timeouts.json"
+# After a rank of this node failed, every node logs its exits within about 1.5 s (measured: the
+# culprit's crash, then its peers' failed collectives): judge the nodes once that has settled,
+# not only when the next attempt's ranks beat (~10 s later, after rendezvous and imports).
+JUDGE_AFTER_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,8 @@ class Watchdog:
         self.closing: dict[int, Beat] = {}  # ranks of an attempt that lost a rank, until each is gone
         self.local_ranks: dict[int, int] = {}
         self.round_over: list[str] | None = None  # suspect nodes, when this round must end
+        self.closed_at: float | None = None  # when the current attempt lost a rank
+        self.judged: set[int] = set()  # attempts whose failure the health ledger has judged
         self._marker_checked = 0.0
         self.durations = DurationLog()
 
@@ -218,6 +224,8 @@ class Watchdog:
             if rc is not None:
                 return self._finished(rc)
             self._check_deaths()
+            if self.closed_at is not None and self.attempt not in self.judged and now - self.closed_at > JUDGE_AFTER_S:
+                self._judge_nodes(self.attempt)
             if self.round_over is None and now - self._marker_checked > 1.0:
                 self._marker_checked = now
                 self.round_over = health.round_ended(self.cfg.run_dir, self.cfg.round_id)
@@ -289,13 +297,13 @@ class Watchdog:
             # A new group of ranks on this node: new pids after the attempt lost a rank, or a higher
             # torchrun restart count. (That count is per node: an agent restarting its ranks because
             # another node failed does not raise it, so it cannot number attempts across nodes.)
-            new_group = pid not in self.attempt_pids and (
-                self.attempt in self.closed_attempts or torchrun_attempt > self.torchrun_attempt
-            )
+            new_group = pid not in self.attempt_pids and (self.attempt in self.closed_attempts or torchrun_attempt > self.torchrun_attempt)
             if not new_group and self.attempt in self.closed_attempts:
                 return  # a survivor of the attempt being torn down
             if new_group:
                 self._next_attempt(torchrun_attempt)
+            if not self.attempt_pids:  # the first beat of this attempt's ranks on this node
+                self.event("ranks_started", rank=m["rank"], phase=str(m["phase"]))
             self.attempt_pids.add(pid)
             beat = Beat(
                 m["rank"],
@@ -328,9 +336,10 @@ class Watchdog:
             self._failure()  # torchrun restarted the group after a failure it saw
         self._log_deaths(self.closing)
         self.attempt, self.torchrun_attempt = self.attempt + 1, torchrun_attempt
-        self.beats, self.closing, self.attempt_pids = {}, {}, set()
+        self.beats, self.closing, self.attempt_pids, self.closed_at = {}, {}, set(), None
         self.event("restarted", torchrun_restart_count=torchrun_attempt)
-        self._judge_nodes()
+        if self.attempt - 1 not in self.judged:
+            self._judge_nodes(self.attempt - 1)
 
     def _check_deaths(self) -> None:
         """A rank process that vanished without saying goodbye: logged within one poll, with its
@@ -341,6 +350,7 @@ class Watchdog:
         watched = dict(self.beats)
         if self._log_deaths(self.beats):
             self.closed_attempts.add(self.attempt)
+            self.closed_at = time.monotonic()
             self.closing.update({b.pid: b for b in watched.values() if b.pid not in self.gone})
             self.beats = {}
         self._log_deaths(self.closing)
@@ -358,28 +368,18 @@ class Watchdog:
                 continue  # a normal exit, or a stop on request that ended well
             cause, reason = said or ("killed", "vanished without a word (SIGKILL, a signal, the OOM killer?)")
             failed = True
-            self.event(
-                "rank_exited",
-                rank=beat.rank,
-                local_rank=self.local_ranks.get(beat.pid),
-                pid=beat.pid,
-                step=beat.step,
-                phase=beat.phase,
-                cause=cause,
-                reason=reason,
-                note="torchrun restarts the group",
-            )
+            self.event("rank_exited", **self._where(beat), cause=cause, reason=reason, note="torchrun restarts the group")
         return failed
+
+    def _where(self, r: Beat | Any) -> dict[str, Any]:
+        """Which rank, where and when in the training (of a ``Beat`` or a ``Hang``): the ledger's facts."""
+        return {"rank": r.rank, "local_rank": self.local_ranks.get(r.pid), "pid": r.pid, "step": r.step, "phase": r.phase}
 
     def _kill_hung(self, hangs: list) -> None:
         for i, h in enumerate(hangs):
             self.event(
                 "hang",
-                rank=h.rank,
-                local_rank=self.local_ranks.get(h.pid),
-                pid=h.pid,
-                phase=h.phase,
-                step=h.step,
+                **self._where(h),
                 silent_s=round(h.silent_s, 2),
                 timeout_s=round(h.timeout_s, 2),
                 culprit=i == 0,
@@ -394,6 +394,7 @@ class Watchdog:
         self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t0, 2))
         self._failure()
         self.closed_attempts.add(self.attempt)
+        self.closed_at = time.monotonic()
         self.beats = {}
 
     def _failure(self) -> None:
@@ -404,9 +405,11 @@ class Watchdog:
             "failure_counted", in_a_row_without_progress=self.breaker.stalled, limit=self.breaker.limit, newest_checkpoint=self.newest_ckpt
         )
 
-    def _judge_nodes(self) -> None:
-        """After a failure (the next attempt has begun, so every node has logged its exits):
-        fold the health ledger; when a node of this round is suspect, end the round on every node."""
+    def _judge_nodes(self, attempt: int) -> None:
+        """After a failure (every node has logged its exits: ``JUDGE_AFTER_S`` later, or the next
+        attempt has begun): fold the health ledger; when a node of this round is suspect, end the
+        round on every node."""
+        self.judged.add(attempt)
         suspects = health.judge_round(self.cfg.run_dir, self.cfg.round_id, self.cfg.suspect_after)
         if suspects:
             health.end_round(self.cfg.run_dir, self.cfg.round_id, suspects, self.cfg.node)

@@ -4,7 +4,10 @@ torchrun restarts a failed worker group in the same allocation (``--max-restarts
 workers reuse the agent's TCPStore. In torch 2.13 the keys of the previous attempt are still in
 it, so the new ranks read the dead ranks' addresses and gloo fails with "connectFullMesh ...
 Connection refused" (measured here; pytorch#167288 reports the NCCL twin). ``init_distributed``
-gives every attempt its own key prefix. Outside torchrun it makes a one-process group, so the
+gives every attempt its own key prefix. Across nodes the restart count is not shared (an agent
+that restarts its ranks because another node failed does not raise it), so ``ckpt run`` also
+sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: a fresh store every rendezvous round, where this
+function takes the plain ``env://`` path. Outside torchrun it makes a one-process group, so the
 same script runs under ``python`` too.
 """
 

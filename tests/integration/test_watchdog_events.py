@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 from ckpt_tool.supervise.events import read_events
 from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
+
+
+NEW_PID = 2**22 + 1  # a restarted rank is a new process
 
 
 def beat(rank, step, phase, attempt=0, ckpt=None, pid=None, resumed_from=None):
@@ -26,10 +30,17 @@ def test_resumed_is_logged_after_a_requeue_and_after_a_restart(tmp_path):
     w._handle(beat(0, 0, "init"), 1.0)
     w._handle(beat(0, 40, "step", ckpt=40, resumed_from=40), 2.0)  # a requeued job: attempt 0, resumed from 40
     w._handle(beat(0, 41, "step", ckpt=40, resumed_from=40), 2.1)
-    w._handle(beat(0, 0, "init", attempt=1), 5.0)  # torchrun restarted the group
-    w._handle(beat(0, 40, "step", attempt=1, ckpt=40, resumed_from=40), 6.0)
+    w._handle(beat(0, 0, "init", attempt=1, pid=NEW_PID), 5.0)  # torchrun restarted the group: new processes
+    w._handle(beat(0, 40, "step", attempt=1, ckpt=40, resumed_from=40, pid=NEW_PID), 6.0)
     events = [(e["event"], e.get("step")) for e in read_events(tmp_path)]
-    assert events == [("resumed", 40), ("failure_counted", None), ("restarted", None), ("resumed", 40)]
+    assert events == [
+        ("ranks_started", None),  # the first beat of each attempt's ranks on this node
+        ("resumed", 40),
+        ("failure_counted", None),
+        ("restarted", None),
+        ("ranks_started", None),
+        ("resumed", 40),
+    ]
 
 
 def test_a_fresh_start_is_not_a_resume_even_after_its_first_save(tmp_path):
@@ -38,7 +49,7 @@ def test_a_fresh_start_is_not_a_resume_even_after_its_first_save(tmp_path):
     w._handle(beat(0, 5, "checkpoint"), 1.5)
     w._handle(beat(0, 5, "step", ckpt=5), 2.0)  # its first checkpoint is committed: still not a resume
     w._handle(beat(0, 6, "step", ckpt=5), 2.1)
-    assert [e["event"] for e in read_events(tmp_path)] == []
+    assert [e["event"] for e in read_events(tmp_path)] == ["ranks_started"]  # no "resumed"
 
 
 def test_a_fatal_report_is_kept_only_for_errors_a_restart_cannot_fix(tmp_path):
@@ -54,5 +65,25 @@ def test_garbage_is_ignored(tmp_path):
     w._handle(beat(0, 1, "step"), 1.0)
     w._handle({"rank": "x"}, 1.0)
     w._handle({"rank": 0, "pid": 1, "step": "nan?", "phase": "step"}, 1.0)
-    assert read_events(tmp_path) == []
+    assert [e["event"] for e in read_events(tmp_path)] == ["ranks_started"]  # the valid beat only
     assert w.beats[0].step == 1
+
+
+def test_a_restart_caused_by_another_node_is_a_new_attempt_though_torchrun_keeps_its_count(tmp_path):
+    """An agent that restarts its ranks because another node failed does not raise its restart
+    count (measured on the 3-node cluster): the watchdog knows the new attempt by its new
+    processes. Before, their beats were dropped as stragglers of the closed attempt."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    w = Watchdog(RunConfig(command=("x",), run_dir=tmp_path, node="n1", round_id="j.0.0"), report=lambda line: None)
+    w._handle(beat(0, 5, "step", pid=dead.pid), 1.0)
+    peer_error = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:50379"
+    w._handle({"rank": 0, "pid": dead.pid, "event": "crashed", "error": "builtins.RuntimeError", "message": peer_error}, 1.1)
+    w._check_deaths()
+    w._handle(beat(0, 0, "init", attempt=0, pid=NEW_PID), 5.0)
+    w._handle(beat(0, 6, "step", attempt=0, pid=NEW_PID), 6.0)
+    events = read_events(tmp_path)
+    [exited] = [e for e in events if e["event"] == "rank_exited"]
+    assert (exited["cause"], exited["node"], exited["round"], exited["attempt"]) == ("peer_failure", "n1", "j.0.0", 0)
+    assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
+    assert w.attempt == 1 and w.beats[0].step == 6  # the new ranks are watched

@@ -21,7 +21,7 @@ from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import read_events
 
 from ..conftest import Recipe
-from .test_submit_chain import Job, cancel_jobs, sh, slurm  # noqa: F401 - fixtures
+from .test_submit_chain import Job, sh
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -12,7 +12,17 @@ def start(rnd: str, *nodes: str) -> list[dict]:
 
 
 def exit_(rnd: str, attempt: int, node: str, cause: str, t: float = 1.0, **kw) -> dict:
-    return {"event": "rank_exited", "node": node, "round": rnd, "attempt": attempt, "cause": cause, "rank": 0, "local_rank": 0, "time": t, **kw}
+    return {
+        "event": "rank_exited",
+        "node": node,
+        "round": rnd,
+        "attempt": attempt,
+        "cause": cause,
+        "rank": 0,
+        "local_rank": 0,
+        "time": t,
+        **kw,
+    }
 
 
 def failure(rnd: str, attempt: int, culprit: str, t: float = 1.0) -> list[dict]:
