@@ -182,7 +182,23 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
     return replace(ledger, nodes=tuple(records[n] for n in sorted(records)))
 
 
-Action = Literal["continue", "shrink", "requeue", "stop"]
+def last_round_finished(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The nodes whose ``ckpt run`` finished the training in the last round, when none of that
+    round failed or stopped: srun then reports the exit of a node lost during the round (killed
+    with its agent, left out by torchrun's elastic rendezvous), but the training is done."""
+    starts = [e for e in events if e.get("event") == "start" and isinstance(e.get("round"), str)]
+    if not starts:
+        return ()
+    rnd = starts[-1]["round"]
+    ends = [e for e in events if e.get("round") == rnd and e.get("event") in _ROUND_ENDS]
+    if not ends or any(e["event"] != "finished" for e in ends):
+        return ()
+    return tuple(sorted({str(e.get("node")) for e in ends}))
+
+
+_ROUND_ENDS = frozenset({"finished", "failed", "crash_loop", "fatal", "round_ended", "stopped_for_requeue", "stop_deadline"})
+
+Action = Literal["continue", "shrink", "requeue", "stop", "finished"]
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,8 @@ def directives(spec: JobSpec) -> list[str]:
         # With a node range, --ntasks-per-node=1 makes SLURM count MIN tasks and allocate MIN nodes
         # (measured); without it the job gets up to MAX, each with --cpus-per-task.
         *(["#SBATCH --ntasks-per-node=1"] if spec.nodes_range == str(spec.nodes) else []),
+        # With a node range, a failed node must not end the job: it goes on with the others.
+        *(["#SBATCH --no-kill"] if spec.nodes_range != str(spec.nodes) else []),
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
         f"#SBATCH --signal=B:USR1@{spec.signal_lead_s}",

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, LEAVE_EVENT, NodePlan, plan_nodes
+from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, LEAVE_EVENT, NodePlan, fold_health, last_round_finished, plan_nodes
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise import health
-from ckpt_tool.supervise.events import note
+from ckpt_tool.supervise.events import note, read_events
 
 
 def newest_checkpoint(ckpt_dir: Path) -> int | None:
@@ -38,7 +38,17 @@ def decide_nodes(
         raise CkptError(f"--nodes {','.join(current)!r} is not a list of node names", "e.g. --nodes n1,n2,n3", ExitCode.USAGE)
     if min_nodes < 1 or suspect_after < 1:
         raise CkptError("--min-nodes and --suspect-after must be >= 1", "see `ckpt nodes --help`", ExitCode.USAGE)
-    ledger = health.ledger(run_dir)
+    events = read_events(run_dir)
+    ledger = fold_health(events)
+    finished = last_round_finished(events) if after_failure else ()
+    if finished:
+        return NodePlan(
+            "finished",
+            finished,
+            (),
+            ledger.left_behind(),
+            f"the training finished on {', '.join(finished)}; srun reported the exit of a node lost during the round",
+        )
     newest = newest_checkpoint(ckpt_dir)
     plan = plan_nodes(tuple(current), ledger, min_nodes, newest, after_failure, suspect_after)
     if plan.drop:

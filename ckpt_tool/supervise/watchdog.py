@@ -53,6 +53,7 @@ DURATIONS_NAME = "timeouts.json"
 # culprit's crash, then its peers' failed collectives): judge the nodes once that has settled,
 # not only when the next attempt's ranks beat (~10 s later, after rendezvous and imports).
 JUDGE_AFTER_S = 3.0
+ELASTIC_LAST_CALL_S = 10
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,12 @@ def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
             f"--rdzv-id={cfg.rdzv_id or 'ckpt'}",
         ]
+        if ":" in cfg.nnodes:
+            # An elastic range (MIN:MAX): when a node's agent is lost the others go on without it.
+            # torchrun waits last_call_timeout (30 s by default) for more nodes once MIN are there;
+            # measured: a lost agent cost 48 s before the survivors resumed. 10 s still lets every
+            # node of a starting job join (they start together under srun).
+            argv.append(f"--rdzv-conf=last_call_timeout={ELASTIC_LAST_CALL_S}")
     return argv + list(cfg.command)
 
 

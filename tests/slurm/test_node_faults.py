@@ -134,3 +134,65 @@ def test_a_bug_that_fails_everywhere_stops_the_job_without_leaving_nodes_behind(
     ledger = fold_health(log)
     assert ledger.attributed == 0 and ledger.unattributed >= 2 and not ledger.suspects()
     assert subprocess.run(["squeue", "-h", "-j", job.id], capture_output=True, text=True).stdout.strip() == ""
+
+
+def node_agents() -> dict[str, list]:
+    """Each fake node's `ckpt run` and everything below it (torchrun agent, ranks)."""
+    import psutil
+
+    out: dict[str, list] = {}
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "ckpt_tool.cli.main run" in " ".join(p.info["cmdline"] or []):
+                out[p.environ()["SLURMD_NODENAME"]] = [p, *p.children(recursive=True)]
+        except (psutil.Error, KeyError):
+            continue
+    return out
+
+
+def hosts_the_rendezvous(procs: list, port: int) -> bool:
+    """On a real cluster the rendezvous store lives on the first node; here every fake node has
+    the endpoint's address, and whichever agent binds the port first hosts it."""
+    import psutil
+
+    for p in procs:
+        try:
+            if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in p.net_connections("tcp")):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def kill_a_node(job: Job) -> str:
+    """SIGKILL the `ckpt run` of one node that does not host the rendezvous, with its torchrun
+    agent and ranks: as if that node had died. Returns the node's name."""
+    import re
+
+    port = int(re.search(r"rendezvous [^:]+:(\d+)", job.output()).group(1))
+    agents = node_agents()
+    node = next(n for n in ("n3", "n2") if n in agents and not hosts_the_rendezvous(agents[n], port))
+    for p in agents[node]:
+        try:
+            p.kill()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    return node
+
+
+def test_a_node_lost_whole_is_left_out_by_the_elastic_rendezvous_in_the_same_round(slurm, reference_3, tmp_path, cancel_jobs):
+    job = Job(tmp_path, *BATCH, submit_opts=THREE_NODES, steps=STEPS)
+    cancel_jobs.append(job)
+    job.wait_for_step(12)
+    lost = kill_a_node(job)
+    job.wait_done(timeout=300)
+    out = job.output()
+    assert "training finished" in out, out[-4000:]
+    log = events(job)
+    assert len({e["round"] for e in log if e["event"] == "start"}) == 1, "the same round went on"
+    assert not [e for e in log if e["event"] in ("nodes_left_behind", "shrunk", "round_ended")]
+    resumed = [e for e in log if e["event"] == "resumed"]
+    assert {e["node"] for e in resumed} == {"n1", "n2", "n3"} - {lost}
+    store = CheckpointStore(job.ckpt)
+    assert store.read_manifest(STEPS).world_size == 2 and store.read_manifest(STEPS).batch.global_batch == 12
+    assert_losses_match(reference_3, job)

@@ -126,3 +126,26 @@ def test_at_a_start_nodes_left_behind_are_dropped_again():
     plan = plan_nodes(NODES, ledger, 2, 5, after_failure=False)
     assert (plan.action, plan.keep, plan.drop) == ("shrink", ("n1", "n2"), ("n3",))
     assert plan_nodes(("n1", "n3"), ledger, 2, 5, after_failure=False).action == "requeue"
+
+
+def test_ckpt_run_gives_torchrun_an_elastic_range_a_short_last_call():
+    from pathlib import Path
+
+    from ckpt_tool.supervise.watchdog import ELASTIC_LAST_CALL_S, RunConfig, torchrun_argv
+
+    fixed = torchrun_argv(RunConfig(("t.py",), Path("/r"), nnodes="3", rdzv_endpoint="h:1"), python="py")
+    elastic = torchrun_argv(RunConfig(("t.py",), Path("/r"), nnodes="2:3", rdzv_endpoint="h:1"), python="py")
+    assert "--nnodes=3" in fixed and not any(a.startswith("--rdzv-conf") for a in fixed)
+    assert "--nnodes=2:3" in elastic and f"--rdzv-conf=last_call_timeout={ELASTIC_LAST_CALL_S}" in elastic
+    assert elastic[-1] == "t.py"
+
+
+def test_a_round_finished_by_the_surviving_nodes_counts_as_finished():
+    from ckpt_tool.core.health import last_round_finished
+
+    events = start("r", *NODES) + [{"event": "finished", "node": n, "round": "r", "time": 5.0} for n in ("n1", "n2")]
+    assert last_round_finished(events) == ("n1", "n2")  # n3 was lost with its agent: no event
+    assert last_round_finished(events + [{"event": "failed", "node": "n3", "round": "r", "time": 6.0}]) == ()
+    assert last_round_finished(start("r", *NODES)) == ()  # nobody finished
+    assert last_round_finished(events + start("s", "n1", "n2")) == ()  # a later round has not finished
+    assert last_round_finished([]) == ()
