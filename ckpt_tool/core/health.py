@@ -120,6 +120,15 @@ def _blame(e: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _number(value: Any, kind: type) -> Any:
+    if value is None:
+        return kind(0)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
     """The ledger of a run from its events (``events.jsonl``), oldest first."""
     round_nodes: dict[str, set[str]] = {}
@@ -133,7 +142,9 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
             continue
         if not isinstance(node, str) or not isinstance(rnd, str):
             continue
-        when = float(e.get("time") or 0.0)
+        when, attempt = _number(e.get("time"), float), _number(e.get("attempt"), int)
+        if when is None or attempt is None:
+            continue  # not an event this module wrote: no evidence
         if e.get("event") == "start":
             round_nodes.setdefault(rnd, set()).add(node)
             continue
@@ -143,7 +154,7 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
         blame = _blame(e)
         if (blame is None and e.get("event") != "rank_exited") or when > round_end.get(rnd, float("inf")):
             continue
-        key = (rnd, int(e.get("attempt") or 0))
+        key = (rnd, attempt)
         if key not in groups:
             groups[key] = _Group()
             order.append(("group", key))

@@ -192,8 +192,10 @@ def test_in_place_plan_is_recorded_and_used_at_resume(four_rank_checkpoint, tmp_
 @pytest.mark.parametrize("recorded", [False, True])
 def test_recover_the_dry_run_and_the_resume_use_one_plan(four_rank_checkpoint, tmp_path, recorded):
     """What `ckpt recover` reports (recover.json) is what the training then does. The run's own
-    arguments derive another split at 2 ranks (micro-batch 6 x 1); the plan keeps the saved
-    micro-batch (3 x 2) or the recorded one (2 x 3), and the resume follows it."""
+    arguments (--global-batch 12 alone) would derive another split at 2 ranks (micro-batch 6 x 1);
+    a micro-batch the command does not give is no wish: the plan keeps the saved micro-batch
+    (3 x 2) or the recorded one (2 x 3), and the resume follows it. (A command that gives another
+    --micro-batch is a wish the resume honours, #13: tests/unit/test_reshard.py.)"""
     import shutil
 
     ckpt = tmp_path / "ckpt"
@@ -210,9 +212,7 @@ def test_recover_the_dry_run_and_the_resume_use_one_plan(four_rank_checkpoint, t
     recover = ckpt_cli("recover", ckpt, "--world-size", "2", "--run-dir", tmp_path / "run", "--json")
     assert json.loads(recover.stdout)["reshard"]["new"] == expected, recover.stderr
     assert json.loads((tmp_path / "run" / "recover.json").read_text())["reshard"]["new"] == expected
-    args = recipe_args(
-        ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "6"
-    )
+    args = recipe_args(ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12")
     assert run(torchrun_command(2, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0, (
         tmp_path / "resume.log"
     ).read_text()[-3000:]

@@ -68,8 +68,11 @@ def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, superv
     victim.send_signal(signal.SIGKILL)
     assert s.wait() == ExitCode.OK, s.log_tail()
     events = s.events()
-    [exited] = [e for e in events if e["event"] == "rank_exited"]
-    assert exited["time"] - killed_at < 2.0, "rank death not seen within 2 s"
+    exits = [e for e in events if e["event"] == "rank_exited"]
+    # the victim first, killed without a word; its peer's exit follows as a victim of it
+    assert (exits[0]["pid"], exits[0]["cause"]) == (victim.pid, "killed"), exits
+    assert exits[0]["time"] - killed_at < 2.0, "rank death not seen within 2 s"
+    assert all(e["cause"] in ("peer_failure", "terminated") for e in exits[1:]), exits
     assert any(e["event"] == "restarted" for e in events)
     assert_identical_to_reference(reference_run, s)
 

@@ -149,3 +149,9 @@ def test_a_round_finished_by_the_surviving_nodes_counts_as_finished():
     assert last_round_finished(start("r", *NODES)) == ()  # nobody finished
     assert last_round_finished(events + start("s", "n1", "n2")) == ()  # a later round has not finished
     assert last_round_finished([]) == ()
+
+
+def test_events_with_values_of_the_wrong_type_are_not_evidence():
+    bad = [exit_("r", 0, "n3", "crashed", t=1.0) | {"attempt": "x"}, exit_("r", 0, "n3", "crashed") | {"time": [1]}]
+    events = start("r", *NODES) + bad + failure("r", 1, "n3")
+    assert fold_health(events).record("n3").total == 1
