@@ -25,7 +25,7 @@ def _positive(option: str, value: float | None, allow_zero: bool = False) -> Non
 
 def _step_seconds(run_dir: Path) -> float:
     """Median step duration `ckpt run` observed in this run directory."""
-    from ckpt_tool.supervise.watchdog import DURATIONS_NAME, read_durations
+    from ckpt_tool.supervise.durations import DURATIONS_NAME, read_durations
 
     if not run_dir.is_dir():
         raise CkptError(

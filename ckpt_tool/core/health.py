@@ -240,14 +240,25 @@ def plan_nodes(
     newest_checkpoint: int | None,
     after_failure: bool,
     suspect_after: int = DEFAULT_SUSPECT_AFTER,
+    finished: Sequence[str] = (),
 ) -> NodePlan:
     """The next action for a job on ``current`` nodes.
 
     At a job's start (``after_failure`` False) nodes left behind before (or suspect) are dropped
     again: SLURM may hand them back when ExcNodeList could not be set. After a failed round, the
     suspects are dropped; when none is suspect the failure is not a node's and the job stops.
-    With fewer than ``min_nodes`` left it requeues excluding every bad node.
+    With fewer than ``min_nodes`` left it requeues excluding every bad node. ``finished``: the
+    nodes that finished the training in the failed round (``last_round_finished``): then srun
+    only reported a node lost on the way, and the job is done.
     """
+    if after_failure and finished:
+        return NodePlan(
+            "finished",
+            tuple(finished),
+            (),
+            ledger.left_behind(),
+            f"the training finished on {', '.join(finished)}; srun reported the exit of a node lost during the round",
+        )
     suspects = set(ledger.suspects(suspect_after))
     bad = suspects | set(ledger.left_behind()) if not after_failure else suspects
     drop = tuple(n for n in current if n in bad)

@@ -39,19 +39,12 @@ def decide_nodes(
     if min_nodes < 1 or suspect_after < 1:
         raise CkptError("--min-nodes and --suspect-after must be >= 1", "see `ckpt nodes --help`", ExitCode.USAGE)
     events = read_events(run_dir)
-    ledger = fold_health(events)
-    finished = last_round_finished(events) if after_failure else ()
-    if finished:
-        return NodePlan(
-            "finished",
-            finished,
-            (),
-            ledger.left_behind(),
-            f"the training finished on {', '.join(finished)}; srun reported the exit of a node lost during the round",
-        )
     newest = newest_checkpoint(ckpt_dir)
-    plan = plan_nodes(tuple(current), ledger, min_nodes, newest, after_failure, suspect_after)
+    finished = last_round_finished(events) if after_failure else ()
+    plan = plan_nodes(tuple(current), fold_health(events), min_nodes, newest, after_failure, suspect_after, finished)
     if plan.drop:
-        note(run_dir, LEAVE_EVENT, action=plan.action, drop=list(plan.drop), keep=list(plan.keep), reason=plan.reason, checkpoint=newest)
-        health.write_ledger(run_dir, health.ledger(run_dir), suspect_after)
+        record = note(
+            run_dir, LEAVE_EVENT, action=plan.action, drop=list(plan.drop), keep=list(plan.keep), reason=plan.reason, checkpoint=newest
+        )
+        health.write_ledger(run_dir, fold_health([*events, record]), suspect_after)
     return plan

@@ -23,8 +23,8 @@ from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.core.render import JobSpec, option_value, render, signal_lead
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.supervise.durations import read_durations
 from ckpt_tool.supervise.events import note
-from ckpt_tool.supervise.watchdog import read_durations
 
 
 def template() -> str:

@@ -38,10 +38,6 @@ def round_id() -> str:
     return f"local-{uuid.uuid4().hex[:12]}"
 
 
-def ledger(run_dir: Path) -> HealthLedger:
-    return fold_health(read_events(run_dir))
-
-
 def write_ledger(run_dir: Path, folded: HealthLedger, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> None:
     data = {"time": time.time(), **folded.to_json(suspect_after)}
     atomic_write(run_dir / HEALTH_NAME, (json.dumps(data, indent=1) + "\n").encode())

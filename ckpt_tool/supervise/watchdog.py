@@ -22,98 +22,36 @@ rendezvous. The watchdog adds what torchrun lacks:
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, classify_crash
+from ckpt_tool.core.health import classify_crash
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, find_hangs
-from ckpt_tool.core.timeouts import DurationLog, TimeoutPolicy, calibrate
+from ckpt_tool.core.timeouts import DurationLog, calibrate
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
-from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise import channel, health
+from ckpt_tool.supervise.durations import read_durations, write_durations
 from ckpt_tool.supervise.events import note
 from ckpt_tool.supervise.processes import kill_tree
+from ckpt_tool.supervise.run_config import RunConfig, torchrun_argv
 
-DURATIONS_NAME = "timeouts.json"
+__all__ = ["RunConfig", "Watchdog", "torchrun_argv"]
+
 # After a rank of this node failed, every node logs its exits within about 1.5 s (measured: the
 # culprit's crash, then its peers' failed collectives): judge the nodes once that has settled,
 # not only when the next attempt's ranks beat (~10 s later, after rendezvous and imports).
 JUDGE_AFTER_S = 3.0
-ELASTIC_LAST_CALL_S = 10
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    command: tuple[str, ...]  # the training script and its arguments, or ("-m", module, ...)
-    run_dir: Path
-    ckpt_dir: Path | None = None  # exported to the ranks as CKPT_DIR; its LATEST names the newest checkpoint
-    nproc_per_node: int = 1
-    nnodes: str = "1"
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    max_restarts: int = 3
-    crash_loop: int = 3
-    grace_s: float = 5.0
-    stop_deadline_s: float = 300.0
-    poll_s: float = 0.2
-    timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
-    node: str = field(default_factory=health.node_name)  # SLURM's node name, else the host name
-    round_id: str = field(default_factory=health.round_id)  # one srun step: every node's ckpt run shares it
-    suspect_after: int = DEFAULT_SUSPECT_AFTER
-
-    def __post_init__(self) -> None:
-        if not self.command:
-            raise CkptError(
-                "no training script given", "usage: ckpt run [OPTIONS] -- train.py ARGS (or -- -m package.module ARGS)", ExitCode.USAGE
-            )
-        if self.nproc_per_node < 1 or self.max_restarts < 0 or self.crash_loop < 1 or self.suspect_after < 1:
-            raise CkptError(
-                "--nproc-per-node, --crash-loop and --suspect-after must be >= 1, --max-restarts >= 0",
-                "see `ckpt run --help`",
-                ExitCode.USAGE,
-            )
-
-
-def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:
-    """The torchrun command line for one node. Single node without an endpoint: --standalone."""
-    argv = [
-        python,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={cfg.nproc_per_node}",
-        f"--max-restarts={cfg.max_restarts}",
-        "--monitor-interval=0.2",
-    ]
-    if cfg.rdzv_endpoint is None and cfg.nnodes == "1":
-        argv.append("--standalone")
-    else:
-        argv += [
-            f"--nnodes={cfg.nnodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={cfg.rdzv_endpoint}",
-            f"--rdzv-id={cfg.rdzv_id or 'ckpt'}",
-        ]
-        if ":" in cfg.nnodes:
-            # An elastic range (MIN:MAX): when a node's agent is lost the others go on without it.
-            # torchrun waits last_call_timeout (30 s by default) for more nodes once MIN are there;
-            # measured: a lost agent cost 48 s before the survivors resumed. 10 s still lets every
-            # node of a starting job join (they start together under srun).
-            argv.append(f"--rdzv-conf=last_call_timeout={ELASTIC_LAST_CALL_S}")
-    return argv + list(cfg.command)
 
 
 def _ignore_usr1() -> None:
@@ -125,16 +63,6 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def read_durations(run_dir: Path) -> DurationLog | None:
-    """The phase durations ``ckpt run`` observed in ``run_dir`` (its ``timeouts.json``), or None
-    when it has none yet or the file is unreadable. The one reader of the file it writes."""
-    try:
-        data = json.loads((run_dir / DURATIONS_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return DurationLog.from_json(data.get("durations")) if isinstance(data, dict) else None
 
 
 class Watchdog:
@@ -451,5 +379,4 @@ class Watchdog:
         self.durations = read_durations(self.cfg.run_dir) or DurationLog()
 
     def _save_durations(self) -> None:
-        data = {"durations": self.durations.to_json(), "timeouts": self.timeouts()}
-        atomic_write(self.cfg.run_dir / DURATIONS_NAME, (json.dumps(data, indent=1) + "\n").encode())
+        write_durations(self.cfg.run_dir, self.durations, self.timeouts())

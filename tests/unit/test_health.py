@@ -131,7 +131,7 @@ def test_at_a_start_nodes_left_behind_are_dropped_again():
 def test_ckpt_run_gives_torchrun_an_elastic_range_a_short_last_call():
     from pathlib import Path
 
-    from ckpt_tool.supervise.watchdog import ELASTIC_LAST_CALL_S, RunConfig, torchrun_argv
+    from ckpt_tool.supervise.run_config import ELASTIC_LAST_CALL_S, RunConfig, torchrun_argv
 
     fixed = torchrun_argv(RunConfig(("t.py",), Path("/r"), nnodes="3", rdzv_endpoint="h:1"), python="py")
     elastic = torchrun_argv(RunConfig(("t.py",), Path("/r"), nnodes="2:3", rdzv_endpoint="h:1"), python="py")
@@ -155,3 +155,9 @@ def test_events_with_values_of_the_wrong_type_are_not_evidence():
     bad = [exit_("r", 0, "n3", "crashed", t=1.0) | {"attempt": "x"}, exit_("r", 0, "n3", "crashed") | {"time": [1]}]
     events = start("r", *NODES) + bad + failure("r", 1, "n3")
     assert fold_health(events).record("n3").total == 1
+
+
+def test_plan_says_finished_when_the_surviving_nodes_finished_the_round():
+    plan = plan_nodes(("n1", "n2", "n3"), fold_health([]), 2, 10, after_failure=True, finished=("n1", "n2"))
+    assert (plan.action, plan.keep, plan.drop) == ("finished", ("n1", "n2"), ())
+    assert plan_nodes(NODES, fold_health([]), 2, 10, after_failure=False, finished=("n1",)).action == "continue"
