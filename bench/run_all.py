@@ -35,6 +35,7 @@ SCRIPTS = (
     "requeue_chain",
     "reshard_speed",
     "node_fault",
+    "tensor_parallel",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {
@@ -42,6 +43,7 @@ TIMEOUTS_S = {
     "requeue_chain": 900,
     "reshard_speed": 900,
     "node_fault": 1500,
+    "tensor_parallel": 900,
 }  # several torchrun launches, failures and recoveries (~6 min)
 
 

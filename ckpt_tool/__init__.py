@@ -24,6 +24,9 @@ _EXPORTS = {
     "heartbeat": "ckpt_tool.training.heartbeat",
     "init_distributed": "ckpt_tool.training.distributed",
     "submit": "ckpt_tool.slurm.submit",
+    "Mesh": "ckpt_tool.core.mesh",
+    "from_device_mesh": "ckpt_tool.training.mesh",
+    "clip_grad_norm": "ckpt_tool.training.grad_norm",
 }
 __all__ = [
     "__version__",
@@ -38,6 +41,9 @@ __all__ = [
     "heartbeat",
     "init_distributed",
     "submit",
+    "Mesh",
+    "from_device_mesh",
+    "clip_grad_norm",
 ]
 
 

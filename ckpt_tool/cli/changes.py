@@ -133,7 +133,10 @@ def _check_out_dir(source: Path, out_dir: Path) -> None:
 
 def reshard(
     directory: Path = DirArg,
-    world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of data-parallel ranks."),
+    world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of ranks (processes), all mesh dimensions together."),
+    tp: int | None = typer.Option(
+        None, "--tp", min=1, help="The new tensor-parallel size (default: the saved one); data parallel takes the rest."
+    ),
     step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Default: the step LATEST names."),
     micro_batch: int | None = typer.Option(
         None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."
@@ -143,7 +146,7 @@ def reshard(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Check that a checkpoint loads at a new world size and plan the batch split that keeps the global batch."""
+    """Check that a checkpoint loads on a new mesh and plan the batch split that keeps the global batch."""
     from ckpt_tool.ops.reshard import check_reshard, record_plan
 
     if in_place and out_dir is not None:
@@ -151,14 +154,14 @@ def reshard(
     store = open_checkpoints(directory)
     if out_dir is not None:
         _check_out_dir(directory, out_dir)
-    report = check_reshard(store, resolve_step(store, step), world_size, micro_batch)
+    report = check_reshard(store, resolve_step(store, step), world_size, micro_batch, None if tp is None else {"tp": tp})
     if in_place and not dry_run:
         record_plan(store, report)
     if out_dir is not None and not dry_run:
         run_entry(
             "ckpt_tool.entrypoints.reshard",
             world_size,
-            [str(directory), str(report.step), str(out_dir), *([str(micro_batch)] if micro_batch else [])],
+            [str(directory), str(report.step), str(out_dir), str(report.new_mesh.size("tp")), *([str(micro_batch)] if micro_batch else [])],
             "writing the resharded copy",
         )
     if as_json:
@@ -168,16 +171,18 @@ def reshard(
         )
         return
     plan = report.plan.to_json()
+    meshes = plan["mesh"]
     print_table(
         [
             Column(""),
             Column("world size", justify="right"),
+            Column("mesh"),
             Column("micro-batch", justify="right"),
             Column("grad accumulation", justify="right"),
             Column("global batch", justify="right"),
         ],
         [
-            (name, w, b["micro_batch"], b["grad_accum"], b["global_batch"])
+            (name, w, meshes[name], b["micro_batch"], b["grad_accum"], b["global_batch"])
             for name, b, w in (("old", plan["old"], report.old_world_size), ("new", plan["new"], report.new_world_size))
         ],
         title=f"reshard step {report.step}: {report.old_world_size} -> {report.new_world_size} ranks",
@@ -185,7 +190,8 @@ def reshard(
     out.print(f"data position (global, unchanged): {escape(human(report.data_position))}")
     if out_dir is not None and not dry_run:
         out.print(
-            f"wrote step {report.step} laid out for {world_size} ranks to {escape(str(out_dir))}; resume there with {world_size} ranks"
+            f"wrote step {report.step} laid out for {world_size} ranks ({report.new_mesh.describe()}) to {escape(str(out_dir))}; "
+            f"resume there with {world_size} ranks and tp {report.new_mesh.size('tp')}"
         )
     elif in_place and not dry_run:
         out.print("recorded in the manifest's lineage: resume the job at the new size")

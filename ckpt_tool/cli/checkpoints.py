@@ -100,14 +100,25 @@ def list_checkpoints(
         Column("", "latest", justify="center", terminal=lambda v: "*" if v else "", full=lambda v: "yes" if v else "no"),
         Column("saved", "saved_at", terminal=when_short, full=when),
         Column("size", "bytes", justify="right", terminal=size, no_wrap=True),
-        Column("world", "world_size", justify="right"),
+        Column("mesh", no_wrap=True),
         Column("batch", "global_batch", justify="right"),
         Column("probe loss", justify="right", terminal=lambda v: "-" if v is None else f"{v:.6g}", no_wrap=True),
         Column("validated", "last_validated", terminal=when_short, full=when),
         Column("path", on_terminal=False),
     ]
     rows = [
-        (r.step, r.status, r.latest, r.committed_at, r.bytes, r.world_size, r.global_batch, r.probe_loss, r.last_validated, r.path)
+        (
+            r.step,
+            r.status,
+            r.latest,
+            r.committed_at,
+            r.bytes,
+            r.mesh or _mesh_of(r.world_size),
+            r.global_batch,
+            r.probe_loss,
+            r.last_validated,
+            r.path,
+        )
         for r in listing.rows
     ]
     print_table(columns, rows, title=f"checkpoints in {directory}")
@@ -118,9 +129,15 @@ def list_checkpoints(
         note(text)
 
 
+def _mesh_of(world_size: int | None) -> str | None:
+    """Index entries from before meshes were recorded: a 1-D FSDP mesh of the world size."""
+    return None if world_size is None else f"dp_shard={world_size}"
+
+
 # --------------------------------------------------------------------------- validate
 def _problems_json(r: ValidationResult) -> dict[str, Any]:
-    return {"step": r.step, "ok": r.ok, "problems": [p.__dict__ for p in r.problems], "unreadable": list(r.unreadable)}
+    mesh = r.manifest.layout.compact() if r.manifest is not None else None
+    return {"step": r.step, "ok": r.ok, "mesh": mesh, "problems": [p.__dict__ for p in r.problems], "unreadable": list(r.unreadable)}
 
 
 def validate(
@@ -179,7 +196,8 @@ def validate(
         for r in results:
             if r.ok:
                 files = len(r.manifest.files) if r.manifest else 0
-                out.print(f"[green]step {r.step}: valid[/] ({files} files, {size(r.manifest.total_bytes if r.manifest else 0)})")
+                mesh = f", mesh {r.manifest.layout.describe()}" if r.manifest else ""
+                out.print(f"[green]step {r.step}: valid[/] ({files} files, {size(r.manifest.total_bytes if r.manifest else 0)}{mesh})")
             elif r.problems:
                 out.print(f"[bold red]step {r.step}: {len(r.problems)} problem(s)[/]")
                 print_table(
@@ -216,20 +234,25 @@ def verify(
         1,
         "--nproc",
         min=1,
-        help="Ranks: >1 runs the check under torchrun (FSDP-sharded load). The saved world size gives a bit-exact check.",
+        help="Ranks: >1 runs the check under torchrun (FSDP-sharded load). The saved mesh gives a bit-exact check.",
+    ),
+    tp: int | None = typer.Option(
+        None, "--tp", min=1, help="Tensor-parallel size of the check's mesh (default: the saved one when it divides --nproc, else 1)."
     ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Load the checkpoint into the model and recompute: step counter, probe loss, LR, gradient norm."""
     store = open_checkpoints(directory)
     step = resolve_step(store, step)
-    entry = entry or store.read_manifest(step).entry_point or config.default("entry_point")
+    manifest = store.read_manifest(step)
+    entry = entry or manifest.entry_point or config.default("entry_point")
+    tp = _verify_tp(tp, nproc, manifest.layout.size("tp"))
     if nproc == 1:
         from ckpt_tool.ops.verify import verify_checkpoint
 
         report = verify_checkpoint(store, step, entry).to_json()
     else:
-        report = _verify_under_torchrun(directory, step, entry, nproc)
+        report = _verify_under_torchrun(directory, step, entry, nproc, tp)
     failed = [f"{c['name']}: recorded {c['recorded']!r}, measured {c['measured']!r}" for c in report["checks"] if not c["ok"]]
     recorded = store.record_check(step, "verified", report["ok"], failed)
     if as_json:
@@ -237,10 +260,11 @@ def verify(
     else:
         verdict = "[green]pass[/]" if report["ok"] else "[bold red]FAIL[/]"
         if report["exact"]:
-            how = "compared bit for bit (same world size, threads, torch and dtype as the save)"
+            how = "compared bit for bit (same mesh, threads, torch and dtype as the save)"
         else:
             how = "compared within tolerance: " + "; ".join(report["differences"])
         out.print(f"verify step {step}: {verdict}, {escape(how)}")
+        out.print(f"mesh: saved {report['saved_mesh']}, checked on {report['mesh']}")
         if report["reproduce"]:
             out.print(f"for a bit-exact check, reproduce the save: {escape(_reproduce_command(directory, step, report['reproduce']))}")
         print_table(
@@ -296,5 +320,18 @@ def run_entry(module: str, nproc: int, args: list[str], what: str) -> dict[str, 
     return result
 
 
-def _verify_under_torchrun(directory: Path, step: int, entry: str | None, nproc: int) -> dict[str, Any]:
-    return run_entry("ckpt_tool.entrypoints.verify", nproc, [str(directory), str(step), *([entry] if entry else [])], "verify")
+def _verify_tp(tp: int | None, nproc: int, saved_tp: int) -> int:
+    """``--tp``, or the saved tensor-parallel size when it divides ``--nproc`` (else 1)."""
+    if tp is None:
+        return saved_tp if nproc % saved_tp == 0 else 1
+    if nproc % tp:
+        raise CkptError(
+            f"--tp {tp} does not divide --nproc {nproc}",
+            f"give --nproc a multiple of {tp} (e.g. --nproc {tp * max(1, nproc // tp)}), or another --tp",
+            ExitCode.USAGE,
+        )
+    return tp
+
+
+def _verify_under_torchrun(directory: Path, step: int, entry: str | None, nproc: int, tp: int) -> dict[str, Any]:
+    return run_entry("ckpt_tool.entrypoints.verify", nproc, [str(directory), str(step), str(tp), *([entry] if entry else [])], "verify")

@@ -258,8 +258,10 @@ def recover(
         old, new = decision.reshard["old"], decision.reshard["new"]  # type: ignore[index]
         if decision.nodes is not None:
             out.print(f"nodes {human(decision.nodes_before)} -> {decision.nodes}")
+        meshes = decision.reshard.get("mesh") or {}  # type: ignore[union-attr]
         out.print(
-            f"world size {decision.saved_world_size} -> {decision.world_size}: micro-batch {new['micro_batch']} x accumulation {new['grad_accum']} "
+            f"world size {decision.saved_world_size} -> {decision.world_size} (mesh {meshes.get('old')} -> {meshes.get('new')}): "
+            f"micro-batch {new['micro_batch']} x accumulation {new['grad_accum']} "
             f"(was {old['micro_batch']} x {old['grad_accum']}), global batch {new['global_batch']} kept"
         )
 

@@ -28,6 +28,7 @@ class Row:
     path: str
     bytes: int | None = None
     world_size: int | None = None
+    mesh: str | None = None  # "dp_shard=2,tp=2"
     global_batch: int | None = None
     probe_loss: float | None = None
     committed_at: float | None = None
@@ -79,6 +80,7 @@ def build_rows(
                 layout.step_dir_name(step),
                 info.get("bytes"),
                 info.get("world_size"),
+                info.get("mesh"),
                 info.get("global_batch"),
                 info.get("probe_loss"),
                 info.get("created_at"),
@@ -114,6 +116,7 @@ def commit_summary(manifest: Manifest) -> dict[str, object]:
         "bytes": manifest.total_bytes,
         "run_id": manifest.run_id,
         "world_size": manifest.world_size,
+        "mesh": manifest.layout.compact(),
         "global_batch": manifest.batch.global_batch if manifest.batch is not None else None,
         "probe_loss": manifest.probe.loss if manifest.probe is not None else None,
         "created_at": manifest.created_at,

@@ -17,6 +17,7 @@ from typing import Any
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.layout import DCP_METADATA_NAME, MANIFEST_NAME
+from ckpt_tool.core.mesh import Mesh, UnknownDimension
 from ckpt_tool.errors import CkptError, ExitCode
 
 FORMAT_VERSION = 1
@@ -63,7 +64,7 @@ class Manifest:
     world_size: int
     files: tuple[FileEntry, ...]
     batch: BatchConfig | None = None
-    parallelism: Mapping[str, int] = field(default_factory=dict)
+    mesh: Mesh | None = None  # None: written before meshes were recorded (a 1-D FSDP mesh)
     env: Mapping[str, Any] = field(default_factory=dict)
     probe: Probe | None = None
     entry_point: str | None = None
@@ -76,9 +77,14 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(f.bytes for f in self.files)
 
+    @property
+    def layout(self) -> Mesh:
+        """The mesh that wrote this checkpoint (a 1-D FSDP mesh when none is recorded)."""
+        return self.mesh if self.mesh is not None else Mesh.data_parallel(self.world_size)
+
     def to_json(self) -> str:
         data = asdict(self)
-        data["parallelism"] = dict(self.parallelism)
+        data["mesh"] = None if self.mesh is None else self.mesh.to_json()
         data["env"] = dict(self.env)
         data["entry_kwargs"] = dict(self.entry_kwargs)
         data["lineage"] = [dict(x) for x in self.lineage]
@@ -100,6 +106,10 @@ class Manifest:
                     f"{where} has format version {exc.args[0]}, this ckpt-tool reads version {FORMAT_VERSION}",
                     "upgrade ckpt-tool to read checkpoints written by a newer version",
                     ExitCode.CONFLICT,
+                ) from None
+            if isinstance(exc, UnknownDimension):  # not damage: a newer writer's kind of parallelism
+                raise CkptError(
+                    f"{where}: {exc}", "upgrade ckpt-tool to read checkpoints written by a newer version", ExitCode.CONFLICT
                 ) from None
             detail = f"misses the field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise _bad(where, detail) from None
@@ -182,9 +192,7 @@ def _parse(data: object) -> Manifest:
     if not isinstance(lineage, list):
         raise TypeError("field 'lineage' must be a list")
     entry_point = data.get("entry_point")
-    parallelism = _dict(data.get("parallelism", {}), "parallelism")
-    for k, v in parallelism.items():
-        _int(v, f"parallelism.{k}", 1, 1 << 24)
+    mesh = _mesh(data, world_size)
     return Manifest(
         run_id=_str(data["run_id"], "run_id", 128),
         step=_int(data["step"], "step"),
@@ -192,10 +200,24 @@ def _parse(data: object) -> Manifest:
         world_size=world_size,
         files=tuple(files),
         batch=batch,
-        parallelism=parallelism,
+        mesh=mesh,
         env=_dict(data.get("env", {}), "env"),
         probe=probe,
         entry_point=None if entry_point is None else _str(entry_point, "entry_point", 512),
         entry_kwargs=_dict(data.get("entry_kwargs", {}), "entry_kwargs"),
         lineage=tuple(_dict(x, "lineage[]") for x in lineage),
     )
+
+
+def _mesh(data: dict, world_size: int) -> Mesh | None:
+    """The recorded mesh; manifests of versions before meshes have ``parallelism`` (a mapping) or nothing."""
+    if data.get("mesh") is not None:
+        mesh = Mesh.from_json(data["mesh"])
+    elif data.get("parallelism"):
+        parallelism = _dict(data["parallelism"], "parallelism")
+        mesh = Mesh.of({k: _int(v, f"parallelism.{k}", 1, 1 << 24) for k, v in parallelism.items()})
+    else:
+        return None
+    if mesh.world_size != world_size:
+        raise ValueError(f"mesh {mesh.describe()} has {mesh.world_size} ranks, but world_size is {world_size}")
+    return mesh

@@ -4,10 +4,12 @@ Every rank builds empty targets from the source's DCP metadata (no user model ne
 tensors as DTensors ``Shard(0)`` over the new ranks, scalars and the probe batch replicated,
 non-tensor entries as placeholders. DCP loads the source into them (each file hash-checked as
 it is read), then each rank writes only its own slice and the result is committed with the same
-protocol and hashes as any checkpoint. The per-rank JSON state is rank 0's (job-wide data
-position, scheduler, counters) with the RNG of old rank ``r % old_world``.
+protocol and hashes as any checkpoint. DCP files hold global tensors, so this even split of
+every tensor loads on any mesh; the manifest records the new mesh (``TP`` and data parallel
+the rest), which the resume plans against. Each new rank's JSON state is taken as a resume on
+that mesh would take it (``training.rank_state.read_rank_state``: keyed by mesh coordinates).
 
-    torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.reshard RESULT.json SRC STEP DST [MICRO_BATCH]
+    torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.reshard RESULT.json SRC STEP DST TP [MICRO_BATCH]
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ckpt_tool.training.commit import commit_staged
 from ckpt_tool.training.config import DEFAULT_IO_THREADS
 from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.rank_state import read_rank_state
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
 
 
@@ -61,14 +64,14 @@ def _targets(metadata: Any, mesh: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    result_path, src, step, dst = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
-    micro = int(argv[4]) if len(argv) > 4 else None
+    result_path, src, step, dst, tp = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3]), int(argv[4])
+    micro = int(argv[5]) if len(argv) > 5 else None
     init_distributed("gloo")
     comm = Comm()
 
     def body() -> dict[str, object]:
         try:
-            reshard_copy(comm, src, step, dst, micro)
+            reshard_copy(comm, src, step, dst, tp, micro)
         finally:
             comm.close()
         return {"step": step, "out": str(dst), "world_size": comm.world_size}
@@ -76,20 +79,19 @@ def main(argv: list[str]) -> int:
     return run_and_report(result_path, body)
 
 
-def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, micro: int | None) -> None:
-    """Load step ``step`` of ``src`` into targets laid out for this world size and commit it in ``dst``."""
+def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, tp: int, micro: int | None) -> None:
+    """Load step ``step`` of ``src`` into targets laid out for this world size and commit it in
+    ``dst``, for a mesh of tensor-parallel size ``tp`` and data parallel the rest."""
     store, world = CheckpointStore(src), comm.world_size
     manifest = store.read_manifest(step)
-    report = check_reshard(store, step, world, micro)
+    report = check_reshard(store, step, world, micro, {"tp": tp})
     path = store.step_path(step)
     verify_fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n), {f.path: f for f in manifest.files})
     with verify_fs.create_stream(path / layout.DCP_METADATA_NAME, "rb") as f:
         metadata = load_metadata_safely(f)
     state = _targets(metadata, init_device_mesh("cpu", (world,)))
     load_state(state, path, process_group=comm.group, verify_with=verify_fs)
-    rank_state = state_codec.loads(verify_fs.read_verified(path / layout.rank_state_name(0)), "rank 0 state")
-    old_rank = path / layout.rank_state_name(comm.rank % manifest.world_size)
-    rank_state["rng"] = state_codec.loads(verify_fs.read_verified(old_rank), str(old_rank))["rng"]
+    rank_state = read_rank_state(path, verify_fs, comm.rank, report.new_mesh, manifest.layout)
 
     def create() -> None:
         CheckpointStore(dst, create=True)
@@ -112,7 +114,7 @@ def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, micro: int | None)
             files=files,
             world_size=world,
             batch=report.plan.new,
-            parallelism={"dp_shard": world},
+            mesh=report.new_mesh,
             lineage=lineage,
             created_at=time.time(),
         )

@@ -1,6 +1,9 @@
-"""``ckpt verify --nproc N`` runs this under torchrun: every rank loads its shard, rank 0 reports.
+"""``ckpt verify --nproc N [--tp T]`` runs this under torchrun: every rank loads its shard, rank 0 reports.
 
-torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.verify RESULT.json DIR STEP [ENTRY]
+torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.verify RESULT.json DIR STEP TP [ENTRY]
+
+The device mesh is ``(N / T, T)`` named ``("dp_shard", "tp")``, the layout the reference recipe
+and torchtitan use; the entry point shards the model on it.
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.entrypoints import run_and_report
 from ckpt_tool.ops.verify import verify_checkpoint
 from ckpt_tool.store.store import CheckpointStore
@@ -17,12 +22,13 @@ from ckpt_tool.training.distributed import init_distributed
 
 
 def main(argv: list[str]) -> int:
-    result_path, directory, step = Path(argv[0]), Path(argv[1]), int(argv[2])
-    entry = argv[3] if len(argv) > 3 else None
+    result_path, directory, step, tp = Path(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3])
+    entry = argv[4] if len(argv) > 4 else None
     init_distributed("gloo")
-    return run_and_report(
-        result_path, lambda: verify_checkpoint(CheckpointStore(directory), step, entry, world_size=dist.get_world_size()).to_json()
-    )
+    world = dist.get_world_size()
+    device_mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp_shard", "tp"))
+    mesh = Mesh.of([("dp_shard", world // tp), ("tp", tp)])
+    return run_and_report(result_path, lambda: verify_checkpoint(CheckpointStore(directory), step, entry, mesh, device_mesh).to_json())
 
 
 if __name__ == "__main__":

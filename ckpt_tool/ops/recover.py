@@ -36,7 +36,7 @@ class Decision:
     world_size: int | None
     cleanup: tuple[str, ...]
     seconds: float
-    reshard: dict[str, object] | None = None  # the batch plan when the world size changed
+    reshard: dict[str, object] | None = None  # the plan (meshes and batch) when the world size changed
     nodes: int | None = None  # nodes of this allocation (the sbatch script says)
     nodes_before: int | None = None  # nodes of the previous start or round that recorded them
 
@@ -77,7 +77,8 @@ def recover(ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None 
             reshard = None
             if world_size is not None and saved != world_size:
                 # the allocation changed: check now that the checkpoint can be resumed at this size
-                # (shapes, global batch); the training's resume applies the same plan
+                # (the mesh keeps its model-parallel sizes, shapes, global batch); the training's
+                # resume applies the same plan
                 reshard = check_reshard(store, step, world_size).to_json()
             decision = Decision("resume", step, rolled_from, quarantined, saved, world_size, cleanup, 0.0, reshard)
     decision = Decision(

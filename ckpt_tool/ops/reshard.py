@@ -1,18 +1,22 @@
-"""``ckpt reshard``: check that a checkpoint loads at a new world size and plan the batch split.
+"""``ckpt reshard``: check that a checkpoint loads on a new mesh and plan the batch split.
 
-The plan (``core.reshard``) keeps the global batch; the shape check reads tensor shapes from the
-DCP metadata (safely) and refuses a size that leaves ranks without rows. ``--in-place`` records
-the plan in the manifest's lineage, where the checkpoint manager finds it when the job resumes
-at that size (load-time resharding: DCP reshards as it loads).
+The new mesh is the saved one with the world size (and ``--tp``) given: the model-parallel sizes
+stay unless changed, the data-parallel size is what is left (``core.mesh.mesh_for``). The plan
+(``core.reshard``) checks the mesh fits the model and keeps the global batch; the shape check
+reads tensor shapes from the DCP metadata (safely) and refuses a size that leaves ranks without
+rows. ``--in-place`` records the plan in the manifest's lineage, where the checkpoint manager
+finds it when the job resumes on that mesh (load-time resharding: DCP reshards as it loads).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ckpt_tool.core import layout
+from ckpt_tool.core.mesh import Mesh, mesh_for
 from ckpt_tool.core.reshard import ReshardPlan, check_shapes, plan_resume
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
@@ -27,6 +31,11 @@ class ReshardReport:
     new_world_size: int
     plan: ReshardPlan
     data_position: dict[str, Any] | None
+
+    @property
+    def new_mesh(self) -> Mesh:
+        assert self.plan.new_mesh is not None
+        return self.plan.new_mesh
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,10 +53,14 @@ def tensor_shapes(store: CheckpointStore, step: int) -> dict[str, tuple[int, ...
     return {k: tuple(m.size) for k, m in metadata.state_dict_metadata.items() if k.startswith("model.") and hasattr(m, "size")}
 
 
-def check_reshard(store: CheckpointStore, step: int, world_size: int, micro_batch: int | None = None) -> ReshardReport:
-    """Can step ``step`` continue on ``world_size`` ranks? The tensor shapes (every rank needs
-    rows) and the one batch plan (``core.reshard.plan_resume``, the same the resume applies)."""
+def check_reshard(
+    store: CheckpointStore, step: int, world_size: int, micro_batch: int | None = None, sizes: Mapping[str, int] | None = None
+) -> ReshardReport:
+    """Can step ``step`` continue on ``world_size`` ranks (with the model-parallel ``sizes``, e.g.
+    ``{"tp": 1}``, else the saved ones)? The mesh, the tensor shapes (every rank needs rows) and
+    the one batch plan (``core.reshard.plan_resume``, the same the resume applies)."""
     manifest = store.read_manifest(step)
+    mesh = mesh_for(world_size, manifest.layout, sizes)
     problems = check_shapes(tensor_shapes(store, step), world_size)
     if problems:
         raise CkptError(
@@ -57,7 +70,7 @@ def check_reshard(store: CheckpointStore, step: int, world_size: int, micro_batc
             f"use at most {min(p.rows for p in problems)} ranks",
             ExitCode.CONFLICT,
         )
-    plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, world_size, micro_batch=micro_batch)
+    plan = plan_resume(manifest.batch, manifest.layout, manifest.lineage, mesh, micro_batch=micro_batch)
     rank0 = store.step_path(step) / layout.rank_state_name(0)
     data = state_codec.loads(rank0.read_bytes(), str(rank0)).get("data") if rank0.exists() else None
     return ReshardReport(step, manifest.world_size, world_size, plan, data)
@@ -66,7 +79,13 @@ def check_reshard(store: CheckpointStore, step: int, world_size: int, micro_batc
 def record_plan(store: CheckpointStore, report: ReshardReport) -> None:
     """Append the plan to the manifest's lineage (atomic rewrite, under the directory's lock)."""
     manifest = store.read_manifest(report.step)
-    entry = {"event": "reshard_plan", "time": time.time(), "world_size": report.new_world_size, "batch": report.plan.to_json()["new"]}
+    entry = {
+        "event": "reshard_plan",
+        "time": time.time(),
+        "world_size": report.new_world_size,
+        "mesh": [[n, s] for n, s in report.new_mesh.dims],
+        "batch": report.plan.to_json()["new"],
+    }
     store.rewrite_manifest(
         report.step,
         replace(manifest, lineage=(*manifest.lineage, entry)),

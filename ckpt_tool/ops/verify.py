@@ -4,12 +4,15 @@ same check the training loop runs at resume).
 
 The model comes from an entry point ``module:function`` called as ``function(world_size=N,
 **entry_kwargs)`` that returns ``(model, loss_fn)``; the manifest records the entry point of the
-script that wrote the checkpoint, so checkpoints of the reference recipe need none.
+script that wrote the checkpoint, so checkpoints of the reference recipe need none. Under
+``--tp T`` (or when the function takes a ``mesh`` parameter) it is also given ``mesh=``, a torch
+``DeviceMesh`` with dimensions ``("dp_shard", "tp")``, to lay the model out as the run did.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.probe import VerifyReport, check_loaded_model
@@ -45,9 +49,24 @@ def load_entry_point(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def build_from_entry_point(spec: str, world_size: int, kwargs: dict[str, Any]) -> tuple[nn.Module, Callable[..., torch.Tensor]]:
+def build_from_entry_point(
+    spec: str, world_size: int, kwargs: dict[str, Any], device_mesh: Any = None, tp: int = 1
+) -> tuple[nn.Module, Callable[..., torch.Tensor]]:
+    fn = load_entry_point(spec)
     try:
-        result = load_entry_point(spec)(world_size=world_size, **kwargs)
+        takes_mesh = "mesh" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_mesh = False
+    if tp > 1 and not takes_mesh:
+        raise CkptError(
+            f"entry point {spec!r} takes no mesh parameter, so it cannot lay the model out with tensor parallel {tp}",
+            "add a mesh=None parameter (a torch DeviceMesh with dimensions dp_shard, tp) and shard the model on it, or verify with --tp 1",
+            ExitCode.USAGE,
+        )
+    if takes_mesh:
+        kwargs = {**kwargs, "mesh": device_mesh}
+    try:
+        result = fn(world_size=world_size, **kwargs)
     except CkptError:
         raise
     except Exception as exc:  # the user's code: any error, reported with its type
@@ -65,8 +84,12 @@ def build_from_entry_point(spec: str, world_size: int, kwargs: dict[str, Any]) -
     return result
 
 
-def verify_checkpoint(store: CheckpointStore, step: int, entry: str | None = None, world_size: int = 1) -> VerifyReport:
-    """Build the model from the entry point, load the checkpoint's parameters, run the checks."""
+def verify_checkpoint(
+    store: CheckpointStore, step: int, entry: str | None = None, mesh: Mesh | None = None, device_mesh: Any = None
+) -> VerifyReport:
+    """Build the model from the entry point on ``mesh`` (default: one process), load the
+    checkpoint's parameters, run the checks."""
+    mesh = mesh or Mesh.data_parallel(1)
     manifest = store.read_manifest(step)
     spec = entry or manifest.entry_point
     if spec is None:
@@ -75,8 +98,8 @@ def verify_checkpoint(store: CheckpointStore, step: int, entry: str | None = Non
             "pass --entry module:function (or set entry_point in [tool.ckpt])",
             ExitCode.USAGE,
         )
-    model, loss_fn = build_from_entry_point(spec, world_size, dict(manifest.entry_kwargs))
+    model, loss_fn = build_from_entry_point(spec, mesh.world_size, dict(manifest.entry_kwargs), device_mesh, mesh.size("tp"))
     state = {"model": get_model_state_dict(model)}
     load_state(state, store.step_path(step), no_dist=not torch.distributed.is_initialized())
     set_model_state_dict(model, state["model"])
-    return check_loaded_model(model, loss_fn, store, step, world_size)
+    return check_loaded_model(model, loss_fn, store, step, mesh)

@@ -36,12 +36,14 @@ import torch
 from torch import nn
 
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.reshard import ReshardPlan
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig, Stateful
 from ckpt_tool.training.heartbeat import Heartbeat, heartbeat
+from ckpt_tool.training.mesh import run_mesh
 from ckpt_tool.training.ownership import DirectoryClaim
 from ckpt_tool.training.probe import ProbeSpec, current_env
 from ckpt_tool.training.rank_state import TrainingState
@@ -82,8 +84,15 @@ class CheckpointManager:
             rank as JSON (the data position must be JSON-able).
         probe: a fixed batch and loss function; its loss and gradient norm are recorded at save
             and re-measured at resume and by ``ckpt verify``.
-        batch: how the global batch is formed; lets a resume at another world size keep it.
-        parallelism: the mesh as ``{"dim": size}`` (default ``{"dp_shard": world_size}``).
+        batch: how the global batch is formed; lets a resume on another mesh keep it. Its
+            data-parallel size is the mesh's (``mesh.dp_size``), not the world size.
+        mesh: the run's device mesh: a torch ``DeviceMesh`` whose dimensions are named
+            (``dp_shard``/``dp``, ``tp``, ...: ``core.mesh.DIMENSIONS``), or a ``ckpt_tool.Mesh``
+            or a mapping of sizes. Default: a 1-D FSDP mesh of all ranks. Recorded in the manifest;
+            a resume on another mesh is planned from it. ``parallelism`` (``{"dim": size}``) is
+            the older spelling.
+        must_divide: what the mesh sizes must divide, e.g. ``{"tp": {"attention heads": 32}}``:
+            recorded with the mesh; a resume or reshard onto sizes that break it is refused.
         comm, hb: the collectives and the heartbeat (default: made here; tests pass fakes).
         before_commit: called with the step in the save's thread after the files are written
             and before the commit (tests use it to widen that window).
@@ -102,14 +111,17 @@ class CheckpointManager:
         data: Stateful | None = None,
         probe: ProbeSpec | None = None,
         batch: BatchConfig | BatchRequest | None = None,
+        mesh: Any = None,
         parallelism: dict[str, int] | None = None,
+        must_divide: dict[str, dict[str, int]] | None = None,
         *,
         comm: Comm | None = None,
         hb: Heartbeat | None = None,
         before_commit: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
-        self.state = TrainingState(model, optimizer, scheduler, scaler, data)
+        device_mesh = mesh if hasattr(mesh, "mesh_dim_names") else None
+        self.state = TrainingState(model, optimizer, scheduler, scaler, data, device_mesh)
         self.probe_spec = probe
         self.hb = hb or heartbeat()
         self.hb.beat(0, "init")  # the supervisor knows this rank from now on (resume may take long)
@@ -123,14 +135,13 @@ class CheckpointManager:
                 self.store.root,
             )
         self.claim = DirectoryClaim(self.store, self.comm, config.owner_stale_after_s, config.take_over)
-        env = lambda: current_env(model, self.comm.world_size)  # noqa: E731
-        self.saver = Saver(
-            config, self.state, probe, self.store, self.comm, self.hb, env, parallelism or {"dp_shard": self.comm.world_size}, before_commit
-        )
+        self.mesh: Mesh = run_mesh(mesh if mesh is not None else parallelism, self.comm.world_size, must_divide)
+        env = lambda: current_env(model, self.mesh)  # noqa: E731
+        self.saver = Saver(config, self.state, probe, self.store, self.comm, self.hb, env, self.mesh, before_commit)
         self.request = BatchRequest.of(batch)
         self._batch_error: CkptError | None = None
         try:  # a fresh start's split; a resume re-plans it from the checkpoint
-            self.saver.batch = self.request.resolve(self.comm.world_size) if self.request is not None else None
+            self.saver.batch = self.request.resolve(self.mesh.dp_size) if self.request is not None else None
         except CkptError as exc:  # e.g. --global-batch 12 --micro-batch 3 on 3 ranks: a resume may still plan it
             self._batch_error = exc
         self._env = env
@@ -201,7 +212,7 @@ class CheckpointManager:
         """
         self.saver.wait()
         self.claim.ensure()
-        resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request).run()
+        resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request, self.mesh).run()
         if resumed is None:
             self.hb.beat(0, "step")
             return None

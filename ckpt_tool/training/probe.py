@@ -21,13 +21,15 @@ from torch import nn
 from ckpt_tool.core import layout
 from ckpt_tool.core.exactness import how_to_reproduce, trajectory_differences
 from ckpt_tool.core.manifest import Probe
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.probe_checks import Check, probe_checks
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
+from ckpt_tool.training.grad_norm import total_norm
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
 
-EXACT_KEYS = ("world_size", "threads", "torch", "dtype", "device_type")
+EXACT_KEYS = ("world_size", "mesh", "threads", "torch", "dtype", "device_type")
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def measure(model: nn.Module, spec: ProbeSpec, lr: float, step: int) -> Probe:
             loss = spec.loss_fn(model, spec.batch)
             loss.backward()
         grads = [p.grad for p in params if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros(())
+        grad_norm = total_norm(grads)  # parameters may live on several meshes (tensor parallel x FSDP)
         return Probe(loss=_scalar(loss), grad_norm=_scalar(grad_norm), lr=float(lr), step=step)
     finally:
         for p, g in zip(params, saved_grads, strict=True):
@@ -72,6 +74,8 @@ class VerifyReport:
     exact: bool
     differences: tuple[str, ...]  # why the comparison is not bit-exact
     reproduce: tuple[str, ...] = ()  # options/settings that would make it bit-exact, e.g. "--nproc 2"
+    saved_mesh: str | None = None  # "dp_shard=2,tp=2"
+    mesh: str | None = None  # the mesh of this check
 
     @property
     def ok(self) -> bool:
@@ -87,6 +91,8 @@ class VerifyReport:
             "exact": self.exact,
             "differences": list(self.differences),
             "reproduce": list(self.reproduce),
+            "saved_mesh": self.saved_mesh,
+            "mesh": self.mesh,
             "checks": [c.to_json() for c in self.checks],
         }
 
@@ -108,12 +114,13 @@ def load_probe_batch(path: Any, process_group: Any = None) -> dict[str, torch.Te
     return state["probe"]
 
 
-def current_env(model: nn.Module, world_size: int) -> dict[str, Any]:
+def current_env(model: nn.Module, mesh: Mesh) -> dict[str, Any]:
     first = next(model.parameters(), None)
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "world_size": world_size,
+        "world_size": mesh.world_size,
+        "mesh": mesh.compact(),
         "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
         "device_type": first.device.type if first is not None else None,
     }
@@ -124,7 +131,7 @@ def check_loaded_model(
     loss_fn: Callable[..., torch.Tensor],
     store: CheckpointStore,
     step: int,
-    world_size: int,
+    mesh: Mesh,
     process_group: Any = None,
 ) -> VerifyReport:
     """The four checks on a model that already holds the checkpoint's parameters."""
@@ -140,7 +147,8 @@ def check_loaded_model(
     lr = float(sched["_last_lr"][0]) if sched.get("_last_lr") else None
     measured = measure(model, ProbeSpec(load_probe_batch(path, process_group), loss_fn), lr or 0.0, step)
     saved = {k: manifest.env.get(k) for k in EXACT_KEYS if k in manifest.env}
-    now = current_env(model, world_size)
+    now = current_env(model, mesh)
     differences = tuple(trajectory_differences(saved, now))
     checks = probe_checks(manifest.probe, manifest.step, rank_state.get("step"), lr, measured, exact=not differences)
-    return VerifyReport(step, tuple(checks), not differences, differences, tuple(how_to_reproduce(saved, now)))
+    reproduce = tuple(how_to_reproduce(saved, now))
+    return VerifyReport(step, tuple(checks), not differences, differences, reproduce, manifest.layout.compact(), mesh.compact())

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ckpt_tool.core import layout
+from ckpt_tool.core.mesh import Mesh, source_rank
 from ckpt_tool.training import rng, state_codec
 from ckpt_tool.training.config import Stateful
 from ckpt_tool.training.hashing_fs import HashingFileSystem
@@ -25,6 +26,7 @@ class TrainingState:
     scheduler: Any | None = None
     scaler: Any | None = None
     data: Stateful | None = None
+    device_mesh: Any = None  # the run's torch DeviceMesh, when it gave one (DTensor's RNG tracker)
 
     def capture(self, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
         return {
@@ -44,22 +46,28 @@ class TrainingState:
             self.scaler.load_state_dict(state["scaler"])
         if self.data is not None:
             self.data.load_state_dict(state["data"])
-        rng.restore(state["rng"])
+        rng.restore(state["rng"], self.device_mesh)
         return state.get("extra") or {}
 
 
-def read_rank_state(path: Path, verify_fs: HashingFileSystem, rank: int, world: int, saved_world: int) -> dict[str, Any]:
-    """Rank ``rank``'s state of the checkpoint in ``path``, hash-checked as it is read. After a
-    reshard: the job-wide parts (data position, scheduler, counters, extras) from old rank 0,
-    whose values every rank shares, and the RNG of old rank ``rank % saved_world`` (a reshard
-    is not bit-exact anyway)."""
+def read_rank_state(path: Path, verify_fs: HashingFileSystem, rank: int, mesh: Mesh, saved: Mesh) -> dict[str, Any]:
+    """Rank ``rank``'s state of the checkpoint in ``path``, hash-checked as it is read.
+
+    Keyed by mesh coordinates (``core.mesh.source_rank``): on the same mesh each rank takes its
+    own; when only model-parallel sizes changed (tp 2 -> 1), each rank takes all of the state of
+    the old rank at its data-parallel coordinate, so a per-rank data position stays with its
+    samples; when the data-parallel size changed, the job-wide parts (data position, scheduler,
+    counters, extras: every rank's are equal, so the data position must be global) come from old
+    rank 0 and the RNG streams from the old rank at its coordinates (a reshard is not bit-exact
+    anyway)."""
 
     def read(r: int) -> dict[str, Any]:
         f = path / layout.rank_state_name(r)
         return state_codec.loads(verify_fs.read_verified(f), str(f))
 
-    if saved_world == world:
-        return read(rank)
+    source = source_rank(saved, mesh, rank)
+    if saved.same_data_layout(mesh):
+        return read(source)
     state = read(0)
-    state["rng"] = read(rank % saved_world)["rng"]
+    state["rng"] = read(source)["rng"]
     return state

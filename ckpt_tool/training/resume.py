@@ -21,6 +21,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.manifest import Manifest
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.recovery import fallback_step
 from ckpt_tool.core.reshard import ReshardPlan, plan_resume
 from ckpt_tool.errors import CkptError, ExitCode
@@ -42,7 +43,7 @@ class Resumed:
     step: int
     run_id: str
     batch: BatchConfig | None  # the split to train with from here (the reshard plan's, or the saved one)
-    plan: ReshardPlan | None  # set when the world size changed
+    plan: ReshardPlan | None  # set when the mesh changed
     extra: dict[str, Any]
 
 
@@ -58,9 +59,10 @@ class Resumption:
         comm: Comm,
         env: Callable[[], dict[str, Any]],
         requested: BatchRequest | None,
+        mesh: Mesh,
     ) -> None:
         self.config, self.state, self.probe, self.store, self.comm = config, state, probe, store, comm
-        self.env, self.requested = env, requested
+        self.env, self.requested, self.mesh = env, requested, mesh
         self._model_differs = False  # the last load left checkpoint entries of the model unused
 
     def run(self) -> Resumed | None:
@@ -137,7 +139,7 @@ class Resumption:
         Returns the problems that make this checkpoint unusable (the same on every rank)."""
         path = self.store.step_path(step)
         manifest = self.store.read_manifest(step)
-        plan = self._plan_reshard(manifest) if manifest.world_size != self.comm.world_size else None
+        plan = self._plan_reshard(manifest) if manifest.layout.dims != self.mesh.dims else None
         for why in trajectory_differences(manifest.env, self.env()):
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
         verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
@@ -162,7 +164,7 @@ class Resumption:
                     step,
                     ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""),
                 )
-            rank_state = read_rank_state(path, verify_fs, self.comm.rank, self.comm.world_size, manifest.world_size)
+            rank_state = read_rank_state(path, verify_fs, self.comm.rank, self.mesh, manifest.layout)
         except CkptError as exc:
             if exc.exit_code != ExitCode.FAILED:  # not damage: does not fit the run, not readable by this user
                 mismatch = exc
@@ -179,31 +181,31 @@ class Resumption:
         if plan is not None and self.comm.is_coordinator:
             self.store.append_event(
                 "reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json()
-            )
+            )  # the plan's JSON holds both meshes
         log.info("ckpt: resumed from %s (step %d)", path, step)
         batch = plan.new if plan is not None else self._batch_same_size(manifest)
         return Resumed(step, manifest.run_id, batch, plan, extra), []
 
     def _batch_same_size(self, manifest: Manifest) -> BatchConfig | None:
-        """At the saved world size: the saved split, re-planned only when the command asks for
-        another micro-batch (the checkpoint's global batch still wins) or another global batch."""
+        """On the saved mesh: the saved split, re-planned only when the command asks for another
+        micro-batch (the checkpoint's global batch still wins) or another global batch."""
         if manifest.batch is None:
-            return self.requested.resolve(self.comm.world_size) if self.requested is not None else None
-        batch = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, self.comm.world_size, requested=self.requested).new
+            return self.requested.resolve(self.mesh.dp_size) if self.requested is not None else None
+        batch = plan_resume(manifest.batch, manifest.layout, manifest.lineage, self.mesh, requested=self.requested).new
         if batch.global_batch != manifest.batch.global_batch:
             log.warning("ckpt: global batch %d -> %d, as this run asks (--global-batch)", manifest.batch.global_batch, batch.global_batch)
         return batch
 
     def _plan_reshard(self, manifest: Manifest) -> ReshardPlan:
-        """A different world size: the one plan (``core.reshard.plan_resume``, the same ``ckpt
-        recover`` reports) keeps the global batch and changes it only when the run gives another
-        one explicitly."""
-        plan = plan_resume(manifest.batch, manifest.world_size, manifest.lineage, self.comm.world_size, requested=self.requested)
+        """A different mesh: the one plan (``core.reshard.plan_resume``, the same ``ckpt recover``
+        reports) checks the mesh fits the model, keeps the global batch and changes it only when
+        the run gives another one explicitly."""
+        plan = plan_resume(manifest.batch, manifest.layout, manifest.lineage, self.mesh, requested=self.requested)
         log.warning(
-            "ckpt: resharding step %d from %d to %d ranks: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d (was %d)",
+            "ckpt: resharding step %d from %s to %s: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d (was %d)",
             manifest.step,
-            manifest.world_size,
-            self.comm.world_size,
+            manifest.layout.describe(),
+            self.mesh.describe(),
             plan.new.micro_batch,
             plan.new.grad_accum,
             plan.old.micro_batch,
@@ -221,7 +223,7 @@ class Resumption:
             log.warning("ckpt: the probe check of step %d is skipped: this run's model is not the one that saved it", step)
             return []
         try:
-            report = check_loaded_model(self.state.model, self.probe.loss_fn, self.store, step, self.comm.world_size, self.comm.group)
+            report = check_loaded_model(self.state.model, self.probe.loss_fn, self.store, step, self.mesh, self.comm.group)
             problems = [f"verify {failure}" for failure in report.failures()]
         except (CkptError, OSError) as exc:
             problems = [f"verify: {getattr(exc, 'message', exc)}"]

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
@@ -56,11 +57,11 @@ class Saver:
         comm: Comm,
         hb: Heartbeat,
         env: Callable[[], dict[str, Any]],
-        parallelism: dict[str, int],
+        mesh: Mesh,
         before_commit: Callable[[int], None] | None = None,
     ) -> None:
         self.config, self.state, self.probe, self.store, self.comm, self.hb = config, state, probe, store, comm, hb
-        self.env, self.parallelism, self.before_commit = env, parallelism, before_commit
+        self.env, self.mesh, self.before_commit = env, mesh, before_commit
         self.run_id: str | None = None
         self.batch: BatchConfig | None = None
         self.last_saved_step: int | None = None
@@ -184,7 +185,7 @@ class Saver:
                 world_size=self.comm.world_size,
                 files=files,
                 batch=self.batch,
-                parallelism=self.parallelism,
+                mesh=self.mesh,
                 env=env,
                 probe=probe,
                 entry_point=self.config.entry_point,

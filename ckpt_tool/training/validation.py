@@ -1,4 +1,5 @@
-"""Validation of a checkpoint: structure and hashes (the store) plus DCP metadata readable.
+"""Validation of a checkpoint: structure and hashes (the store), the mesh (one state file per
+rank of it, the sizes fit the limits it records) and DCP metadata readable.
 
 Used by ``ckpt validate``, ``ckpt rollback`` and the manager's resume, so all three judge a
 checkpoint the same way.
@@ -10,6 +11,8 @@ from collections.abc import Callable
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import Problem
+from ckpt_tool.core.manifest import Manifest
+from ckpt_tool.core.mesh import mesh_problems
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.store import CheckpointStore, ValidationResult
 from ckpt_tool.training.safe_dcp import load_metadata_safely
@@ -26,6 +29,7 @@ def validate_checkpoint(
     result = store.check_files(step, ranks, threads, on_bytes, hashes)
     if result.manifest is None or (ranks is not None and 0 not in ranks):
         return result
+    result = ValidationResult(step, result.problems + tuple(mesh_checks(result.manifest)), result.manifest, result.unreadable)
     if any(p.file == layout.DCP_METADATA_NAME for p in result.problems) or layout.DCP_METADATA_NAME in result.unreadable:
         return result  # already named: missing, wrong size, wrong hash or not readable by this user
     listed = {f.path for f in result.manifest.files}
@@ -43,3 +47,28 @@ def validate_checkpoint(
     except (CkptError, OSError) as exc:
         extra = [Problem(layout.DCP_METADATA_NAME, "DCP metadata unreadable", "DCP Metadata", getattr(exc, "message", str(exc)))]
     return ValidationResult(step, result.problems + tuple(extra), result.manifest, result.unreadable)
+
+
+def mesh_checks(manifest: Manifest) -> list[Problem]:
+    """Every rank of the recorded mesh has its state file listed; the sizes fit the recorded limits."""
+    mesh = manifest.layout
+    listed = {f.path for f in manifest.files}
+    missing = [r for r in range(mesh.world_size) if layout.rank_state_name(r) not in listed]
+    problems = (
+        [
+            Problem(
+                layout.MANIFEST_NAME,
+                f"mesh {mesh.describe()}: no state file listed for rank {missing[0]}"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                f"{mesh.world_size} rank files",
+                f"{mesh.world_size - len(missing)}",
+            )
+        ]
+        if missing
+        else []
+    )
+    problems += [
+        Problem(layout.MANIFEST_NAME, f"mesh {mesh.describe()} does not fit the model", "sizes that divide the limits", p)
+        for p in mesh_problems(mesh)
+    ]
+    return problems

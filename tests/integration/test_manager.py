@@ -231,11 +231,24 @@ def test_world_size_change_without_a_recorded_batch_split_is_refused(tmp_path):
     t = make_trainer(tmp_path / "c", save_every=1)
     run_steps(t, 1, 1)
     t.manager.close()
-    rewrite_manifest(tmp_path / "c", 1, world_size=2)
-    t2 = make_trainer(tmp_path / "c")
+    rewrite_manifest(tmp_path / "c", 1, world_size=2, mesh=None)
+    # the structure check would call it damaged (one rank file for two ranks): see the next test
+    t2 = make_trainer(tmp_path / "c", validate_on_resume=False)
     with pytest.raises(CkptError) as err:
         t2.manager.resume()
     assert err.value.exit_code == ExitCode.CONFLICT and "records no batch split" in err.value.message
+
+
+def test_validation_checks_every_rank_of_the_mesh_has_its_state(tmp_path):
+    from ckpt_tool.training.validation import validate_checkpoint
+
+    t = make_trainer(tmp_path / "c", save_every=1)
+    run_steps(t, 1, 1)
+    t.manager.close()
+    assert validate_checkpoint(CheckpointStore(tmp_path / "c"), 1).ok
+    rewrite_manifest(tmp_path / "c", 1, world_size=2, mesh={"dims": [["dp_shard", 1], ["tp", 2]]})
+    problems = [str(p) for p in validate_checkpoint(CheckpointStore(tmp_path / "c"), 1).problems]
+    assert any("mesh dp_shard 1 x tp 2: no state file listed for rank 1" in p for p in problems), problems
 
 
 def test_a_newer_format_version_is_refused_and_left_in_place(tmp_path):

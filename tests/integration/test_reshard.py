@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ckpt_tool.recipes.data import Corpus, GlobalSampler
+from ckpt_tool.recipes.gpt_model import GPTConfig
 from ckpt_tool.recipes.launch import FAST_ARGS, read_metrics, recipe_args, run, torchrun_command
-from ckpt_tool.recipes.tiny_gpt import Corpus, GlobalSampler, GPTConfig
 from ckpt_tool.store.store import CheckpointStore
 
 pytestmark = pytest.mark.slow

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.config import CheckpointConfig
@@ -53,7 +54,14 @@ def resumption(tmp_path, comm: PeerComm) -> Resumption:
     t = make_trainer(tmp_path / "c")
     store = CheckpointStore(tmp_path / "c")
     return Resumption(
-        CheckpointConfig(tmp_path / "c"), t.manager.state, t.manager.probe_spec, store, comm, lambda: current_env(t.model, 1), None
+        CheckpointConfig(tmp_path / "c"),
+        t.manager.state,
+        t.manager.probe_spec,
+        store,
+        comm,
+        lambda: current_env(t.model, Mesh.data_parallel(1)),
+        None,
+        Mesh.data_parallel(1),
     )
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FORMAT_VERSION, FileEntry, Manifest, Probe
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, ExitCode
 
 
@@ -15,7 +16,7 @@ def make_manifest(**kw) -> Manifest:
         "world_size": 2,
         "files": (FileEntry(".metadata", 10, "00" * 16, 0), FileEntry("__1_0.distcp", 2**40, "ff" * 16, 1)),
         "batch": BatchConfig(4, 3, 2),
-        "parallelism": {"dp_shard": 2},
+        "mesh": Mesh.of({"tp": 2}, must_divide={"tp": {"attention heads": 4}}),
         "env": {"torch": "2.13.0", "threads": 1},
         "probe": Probe(3.25, 0.5, 1e-3, 40),
         "entry_point": "pkg.mod:build",
@@ -32,8 +33,27 @@ def test_round_trip_is_exact():
 
 
 def test_minimal_manifest_round_trips():
-    m = make_manifest(batch=None, probe=None, entry_point=None, parallelism={}, env={})
+    m = make_manifest(batch=None, probe=None, entry_point=None, mesh=None, env={})
     assert Manifest.from_json(m.to_json()) == m
+    assert m.layout == Mesh.data_parallel(2)  # no mesh recorded: 1-D FSDP over the world
+
+
+def test_manifests_from_before_meshes_read_their_parallelism():
+    data = json.loads(make_manifest(mesh=None).to_json())
+    del data["mesh"]
+    data["parallelism"] = {"tp": 2, "dp_shard": 1}
+    assert Manifest.from_json(json.dumps(data)).layout.dims == (("dp_shard", 1), ("tp", 2))
+
+
+def test_a_mesh_of_a_newer_kind_is_not_damage():
+    """An unknown dimension (a newer writer) is refused as a conflict (exit 4: upgrade), never as
+    damage (exit 1), which would send a good checkpoint to quarantine."""
+    data = json.loads(make_manifest().to_json())
+    data["mesh"]["dims"] = [["ep", 2]]
+    with pytest.raises(CkptError) as err:
+        Manifest.from_json(json.dumps(data))
+    assert err.value.exit_code == ExitCode.CONFLICT and "unknown mesh dimension 'ep'" in err.value.message
+    assert "upgrade" in err.value.hint
 
 
 def mutate(**changes):
@@ -71,6 +91,11 @@ def mutate_file(index, **changes):
         (mutate_file(0, path="__1_0.distcp"), "listed twice"),
         (mutate(probe={"loss": "x", "grad_norm": 1, "lr": 1, "step": 1}), "probe.loss"),
         (mutate(batch={"micro_batch": 0, "grad_accum": 1, "dp_size": 1}), "batch.micro_batch"),
+        (mutate(mesh={"dims": [["dp_shard", 2], ["tp", 2]]}), "has 4 ranks, but world_size is 2"),
+        (mutate(mesh={"dims": [["tp", 0]]}), "mesh dimension 'tp' must be an integer"),
+        (mutate(mesh={"dims": [["tp", 2], ["tp", 1]]}), "appears twice"),
+        (mutate(mesh={"dims": "tp=2"}), "field 'mesh' must be an object"),
+        (mutate(mesh={"dims": [["tp", 2]], "must_divide": {"tp": {"heads": "4"}}}), "mesh limit 'heads'"),
     ],
 )
 def test_damaged_or_hostile_manifests_are_refused_precisely(text, message):

@@ -1,8 +1,11 @@
 import pytest
 
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
+from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.reshard import check_shapes, plan_batch, step_slices
 from ckpt_tool.errors import CkptError
+
+dp = Mesh.data_parallel
 
 
 @pytest.mark.parametrize(
@@ -68,23 +71,23 @@ def test_plan_resume_order_demand_then_recorded_then_default():
 
     saved = BatchConfig(3, 1, 4)  # G = 12
     lineage = [{"event": "reshard_plan", "world_size": 2, "batch": {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}}]
-    assert plan_resume(saved, 4, [], 2).new == BatchConfig(3, 2, 2)  # default: the saved micro-batch divides 6
-    assert plan_resume(saved, 4, lineage, 2).new == BatchConfig(2, 3, 2)  # recorded for this size
-    assert plan_resume(saved, 4, lineage, 3).new == BatchConfig(2, 2, 3)  # recorded for another size: default
-    assert plan_resume(saved, 4, lineage, 2, micro_batch=6).new == BatchConfig(6, 1, 2)  # an explicit demand
+    assert plan_resume(saved, dp(4), [], dp(2)).new == BatchConfig(3, 2, 2)  # default: the saved micro-batch divides 6
+    assert plan_resume(saved, dp(4), lineage, dp(2)).new == BatchConfig(2, 3, 2)  # recorded for this size
+    assert plan_resume(saved, dp(4), lineage, dp(3)).new == BatchConfig(2, 2, 3)  # recorded for another size: default
+    assert plan_resume(saved, dp(4), lineage, dp(2), micro_batch=6).new == BatchConfig(6, 1, 2)  # an explicit demand
     # the command's own micro-batch is kept when it divides, else the largest that does
-    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=6)).new == BatchConfig(6, 1, 2)
-    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=4, grad_accum=1)).new == BatchConfig(3, 2, 2)
+    assert plan_resume(saved, dp(4), [], dp(2), requested=BatchRequest(micro_batch=6)).new == BatchConfig(6, 1, 2)
+    assert plan_resume(saved, dp(4), [], dp(2), requested=BatchRequest(micro_batch=4, grad_accum=1)).new == BatchConfig(3, 2, 2)
     # the checkpoint's global batch wins over one derived from the command (micro x accum x ranks)...
-    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=8, grad_accum=1)).new.global_batch == 12
+    assert plan_resume(saved, dp(4), [], dp(2), requested=BatchRequest(micro_batch=8, grad_accum=1)).new.global_batch == 12
     # ...unless the command gives it explicitly: a deliberate change
-    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(global_batch=16)).new == BatchConfig(8, 1, 2)
-    assert plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=3, global_batch=12)).new == BatchConfig(3, 2, 2)
+    assert plan_resume(saved, dp(4), [], dp(2), requested=BatchRequest(global_batch=16)).new == BatchConfig(8, 1, 2)
+    assert plan_resume(saved, dp(4), [], dp(2), requested=BatchRequest(micro_batch=3, global_batch=12)).new == BatchConfig(3, 2, 2)
     with pytest.raises(CkptError, match="not divisible"):
-        plan_resume(saved, 4, [], 2, requested=BatchRequest(micro_batch=5, global_batch=16))
+        plan_resume(saved, dp(4), [], dp(2), requested=BatchRequest(micro_batch=5, global_batch=16))
     # a command without a micro-batch: the recorded plan, else the saved micro-batch
-    assert plan_resume(saved, 4, lineage, 2, requested=BatchRequest(global_batch=12)).new == BatchConfig(2, 3, 2)
+    assert plan_resume(saved, dp(4), lineage, dp(2), requested=BatchRequest(global_batch=12)).new == BatchConfig(2, 3, 2)
     with pytest.raises(CkptError, match="records no batch split"):
-        plan_resume(None, 4, [], 2)
+        plan_resume(None, dp(4), [], dp(2))
     damaged = [{"event": "reshard_plan", "world_size": 2, "batch": "garbage"}]
-    assert plan_resume(saved, 4, damaged, 2).new == BatchConfig(3, 2, 2)
+    assert plan_resume(saved, dp(4), damaged, dp(2)).new == BatchConfig(3, 2, 2)

@@ -1,0 +1,61 @@
+"""Fault injection of the reference recipe: power cuts, lasting node faults, bugs, data stalls.
+
+Each fault is real where it lands (a SIGKILL, an exception on every rank of a node, a sleeping
+data loader); markers in the checkpoint directory make a one-time fault happen once across
+restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+from ckpt_tool.supervise.health import node_name
+
+CRASH_MARKER = ".tiny_gpt_crashed_at_{step}"
+NODE_FAULTS = ".tiny_gpt_node_faults"  # one line per injected node fault (--fail-on-node)
+
+
+def crash_now(ckpt_dir: Path, step: int, repeat: bool = False) -> None:
+    """Die like a power cut (SIGKILL), once (a marker file records it) unless ``repeat``."""
+    marker = ckpt_dir / CRASH_MARKER.format(step=step)
+    if marker.exists() and not repeat:
+        return
+    marker.write_text(f"crashed at step {step}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def next_faulty_node(args: argparse.Namespace) -> str | None:
+    """``--fail-on-node A,B,...``: the node whose ranks fail in this attempt. One name: a lasting
+    fault of that node, at every start; several: a fault that moves, once on each, in order."""
+    names = [n for n in (args.fail_on_node or "").split(",") if n]
+    if not names:
+        return None
+    try:
+        done = len((args.ckpt_dir / NODE_FAULTS).read_text().splitlines())
+    except FileNotFoundError:
+        done = 0
+    if len(names) == 1:
+        return names[0]
+    return names[done] if done < len(names) else None
+
+
+def node_fault(ckpt_dir: Path, node: str) -> None:
+    """Every rank on ``node`` fails as a GPU with a lasting hardware fault would (once a start)."""
+    if node_name() != node:
+        return
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        with open(ckpt_dir / NODE_FAULTS, "a") as f:
+            f.write(f"{node} {time.time()}\n")
+    raise RuntimeError(f"CUDA error: uncorrectable ECC error encountered (injected lasting fault of node {node}, --fail-on-node)")
+
+
+def stall_once(ckpt_dir: Path, step: int, seconds: float) -> None:
+    """Test hook: a data loader that stalls (e.g. a slow shared filesystem), once."""
+    marker = ckpt_dir / f".tiny_gpt_stalled_at_{step}"
+    if not marker.exists():
+        marker.write_text(f"stalled at step {step}\n")
+        time.sleep(seconds)
