@@ -52,8 +52,8 @@ def samples_by_step(root: Path) -> dict[int, list[int]]:
     return out
 
 
+# 2 -> 1 with an explicit global batch is covered by test_tensor_parallel.py (dp 2 -> 1 at tp 2)
 CASES = {
-    "2-to-1": (2, 1, ("--global-batch", "16", "--micro-batch", "8")),
     "1-to-2": (1, 2, ("--global-batch", "16", "--micro-batch", "4")),
     "4-to-3": (4, 3, ("--global-batch", "12", "--micro-batch", "3")),
     # the identical command on fewer ranks: its micro-batch x accumulation would give global batch
