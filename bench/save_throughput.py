@@ -15,7 +15,8 @@ rotated between repetitions so drift on this shared machine hits every variant a
 
 Retention is off and the previous checkpoint is deleted between runs, outside the timing; dirty
 pages are flushed before each run. Each manager saves once untimed first (first-call costs).
-Throughput = state bytes / seconds. The phases of a save (DCP save, hashing, commit) are timed by
+Throughput = state bytes / seconds; the ratio is the median over repetitions of (raw seconds /
+save seconds) within one repetition, robust to the drift of this machine's disk. The phases of a save (DCP save, hashing, commit) are timed by
 wrapping those functions where the manager calls them; "fsync" is thread-seconds in os.fsync.
 """
 
@@ -34,7 +35,7 @@ from common import GB, PhaseTimer, Result, Row, Stats
 IO_THREADS = (1, 2, 4)
 DEFAULT_IO_THREADS = 4  # ckpt_tool.training.config.DEFAULT_IO_THREADS (checked in measure())
 NO_GRADS = "no_grads"  # the default io_threads, saving with param.grad None
-TARGET = 0.85
+TARGET = 0.9  # #15: the median of per-repetition ratios (each save against the raw write next to it)
 
 
 def timed_save(mgr: Any, step: int, phases: PhaseTimer, grads: bool = True) -> tuple[float, dict[str, float]]:
@@ -128,9 +129,14 @@ def report(data: dict[str, Any]) -> Result:
     raw = Stats.of(data["times"]["raw"]).inverse(gb)
     result = Result("1", f"Sync save throughput ({gb:.2f} GB state, GB/s = 1e9 bytes/s)")
     reference = f"raw write+fsync {raw.fmt(2, 'GB/s')}"
+    raw_t = data["times"]["raw"]
+    # The ratio is taken per repetition (the raw write and the saves of one repetition run back to
+    # back) and the median of those is reported: the raw reference alone swung 0.4-2.3 GB/s on
+    # this machine between runs, which a ratio of medians taken minutes apart inherits.
+    paired = {n: statistics.median(r / t for r, t in zip(raw_t, data["times"][n], strict=True)) for n in (*IO_THREADS, NO_GRADS)}
     for n in IO_THREADS:
         save = Stats.of(data["times"][n]).inverse(gb)
-        ratio = save.median / raw.median
+        ratio = paired[n]
         target, met = common.at_least(ratio, TARGET)
         label = f"save(), io_threads={n}" + (" (current default)" if n == DEFAULT_IO_THREADS else "")
         result.rows.append(Row(label, save.fmt(2, "GB/s"), reference, round(ratio, 3), target, met))
@@ -140,17 +146,16 @@ def report(data: dict[str, Any]) -> Result:
             f"save(), io_threads={DEFAULT_IO_THREADS}, param.grad None (info)",
             no_grads.fmt(2, "GB/s"),
             reference,
-            round(no_grads.median / raw.median, 3),
+            round(paired[NO_GRADS], 3),
         )
     )
     for n in (*IO_THREADS, NO_GRADS):
         label = f"io_threads={n}" if n != NO_GRADS else f"io_threads={DEFAULT_IO_THREADS}, grads None"
         result.notes.append(phase_note(label, *common.median_run(data["times"][n], data["breakdown"][n])))
-    raw_t = data["times"]["raw"]
-    paired = {n: statistics.median(r / t for r, t in zip(raw_t, data["times"][n], strict=True)) for n in IO_THREADS}
     result.notes.append(
-        "median of per-repetition ratios (save vs the raw write of the same repetition, robust to drift): "
-        + ", ".join(f"io_threads={n}: {v:.3f}" for n, v in paired.items())
+        "ratio = the median of per-repetition ratios (each save against the raw write of its own repetition); "
+        "the ratio of the medians, for comparison: "
+        + ", ".join(f"io_threads={n}: {Stats.of(data['times'][n]).inverse(gb).median / raw.median:.3f}" for n in IO_THREADS)
     )
     best = max(IO_THREADS, key=lambda n: Stats.of(data["times"][n]).inverse(1).median)
     result.notes.append(f"fastest io_threads in this run: {best}")

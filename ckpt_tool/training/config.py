@@ -35,7 +35,7 @@ class CheckpointConfig:
         verify_on_resume: re-measure the probe after loading (needs ``probe=`` on the manager).
         max_fallbacks: damaged checkpoints quarantined and skipped at resume before giving up.
         exit_wait_s: how long ``close()``, exit and SIGTERM wait for an in-flight save.
-        io_threads: DCP writer threads (files per rank).
+        io_threads: DCP writer threads (files per rank), and files read at once by resume().
         entry_point / entry_kwargs: ``"module:function"`` that builds the model for ``ckpt
             verify``, and the JSON keyword arguments it is called with (recorded in the manifest).
         on_save_error: ``"stop"`` raises a failed save's ``CkptError`` (disk full, permissions:

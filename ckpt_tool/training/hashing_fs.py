@@ -86,28 +86,44 @@ class HashingFileSystem(FileSystem):
 
     def read_verified(self, path: Path) -> bytes:
         """The whole file, after its size and hash matched the manifest."""
-        name = path.name
-        entry = self.expected.get(name) if self.expected is not None else None
+        entry = self.entry_for(path)
+        fd = self.open_for_reading(path)
+        with open(fd, "rb") as f:
+            data = f.read(entry.bytes + 1)
+        self.check(path, entry, len(data), xxhash.xxh3_128_hexdigest(data, seed=self.seed_for(path.name)))
+        return data
+
+    def entry_for(self, path: Path) -> FileEntry:
+        """The manifest's entry for ``path``; a file it does not list is refused."""
+        entry = self.expected.get(path.name) if self.expected is not None else None
         if entry is None:
             raise CkptError(
                 f"{path} is not listed in the checkpoint's manifest: refused to load it", "run `ckpt validate` and `ckpt rollback`"
             )
+        return entry
+
+    @staticmethod
+    def open_for_reading(path: Path) -> int:
+        """A file descriptor; a file this user may not read is said to be that, not damage."""
         try:
-            with open(path, "rb") as f:
-                data = f.read(entry.bytes + 1)
+            return os.open(path, os.O_RDONLY)
         except PermissionError:
             raise CkptError(
                 f"permission denied reading {path}: it was not loaded (this is not damage)",
                 "run as the user who owns the checkpoint, or ask them to grant read access",
                 ExitCode.USAGE,
             ) from None
-        digest = xxhash.xxh3_128_hexdigest(data, seed=self.seed_for(name))
-        if len(data) != entry.bytes or digest != entry.hash:
-            raise CkptError(
-                f"{path} does not match the manifest (expected {entry.bytes} bytes, hash {entry.hash}; found {len(data)} bytes, hash {digest}): damaged, or copied from another step or run",
-                "the checkpoint is damaged: `ckpt rollback --auto` moves to the newest good one",
-            )
-        return data
+
+    def check(self, path: Path, entry: FileEntry, size: int, digest: str) -> None:
+        if size != entry.bytes or digest != entry.hash:
+            self.mismatch(path, entry, size, f"hash {digest}")
+
+    @staticmethod
+    def mismatch(path: Path, entry: FileEntry, size: int, found: str) -> None:
+        raise CkptError(
+            f"{path} does not match the manifest (expected {entry.bytes} bytes, hash {entry.hash}; found {size} bytes, {found}): damaged, or copied from another step or run",
+            "the checkpoint is damaged: `ckpt rollback --auto` moves to the newest good one",
+        )
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)

@@ -154,7 +154,14 @@ class Resumption:
         try:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             dcp_state = {"model": model_sd, "optim": optim_sd}
-            unused = load_state(dcp_state, path, process_group=self.comm.group, no_dist=not self.comm.distributed, verify_with=verify_fs)
+            unused = load_state(
+                dcp_state,
+                path,
+                process_group=self.comm.group,
+                no_dist=not self.comm.distributed,
+                verify_with=verify_fs,
+                threads=self.config.io_threads,
+            )
             not_loaded = [k for k in unused if k.split(".", 1)[0] in dcp_state]  # the probe batch is verify's
             self._model_differs = any(k.startswith("model.") for k in not_loaded)
             if not_loaded and self.comm.is_coordinator:

@@ -143,12 +143,13 @@ def load_state(
     process_group: Any = None,
     no_dist: bool = False,
     verify_with: HashingFileSystem | None = None,
+    threads: int = 4,
 ) -> tuple[str, ...]:
     """``dcp.load`` into ``state`` in place, refusing hostile metadata before DCP reads it.
     Returns the checkpoint's entries that ``state`` did not ask for (not loaded).
 
     With ``verify_with`` every file is hash-checked against the manifest as it is read (one
-    pass over the data). DCP wraps every failure in ``CheckpointException`` (a BaseException);
+    pass over the data, ``threads`` files at a time: ``training.verified_reader``). DCP wraps every failure in ``CheckpointException`` (a BaseException);
     it is turned back into the ``CkptError`` that caused it, or a ``CkptError`` naming the first
     failure.
     """
@@ -158,9 +159,12 @@ def load_state(
             load_metadata_safely(f)
     except FileNotFoundError:
         raise CkptError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
-    reader = SafeFileSystemReader(path)
     if verify_with is not None:
-        reader.fs = verify_with
+        from ckpt_tool.training.verified_reader import StreamingVerifiedReader
+
+        reader: SafeFileSystemReader = StreamingVerifiedReader(path, verify_with, threads)
+    else:
+        reader = SafeFileSystemReader(path)
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -1,0 +1,342 @@
+"""Loading a checkpoint near disk speed: one sequential pass per file, hashed as it streams into
+the destination tensors.
+
+torch's ``FileSystemReader.read_data`` takes one file at a time in one thread and, for every
+item, slices it out of the file, ``torch.load``s the slice and copies the result into the target.
+Here each file is read once, front to back, in large chunks into one reused buffer, by a pool of
+threads (one file each): every chunk feeds the file's xxh3 hash and, where it holds the raw bytes
+of a tensor, is copied straight into the destination (``core.tensor_record`` reads each item's
+layout from its zip directory and pickle, without running them). Memory beyond the state: the
+chunk buffer per thread, one tensor row at a chunk boundary, and the items that take torch's own
+path (non-tensor entries, and tensors whose record is not a plain row-major one), kept until
+their file is verified.
+
+Nothing is used before it is checked: at the end of each file its size and hash are compared
+with the manifest, and only then are the buffered items deserialized (``weights_only=True``) and
+the load reported complete; a mismatch raises ``CkptError`` naming the file, and the resume
+quarantines the checkpoint (the tensors it half-filled are loaded again from the previous one).
+The few header bytes read ahead to find the layouts are compared with the same bytes in the
+hashed pass, so what was parsed is what was verified. The files are DCP's own: ``dcp.load`` and
+``dcp_to_torch_save`` read them unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+
+from ckpt_tool.core.tensor_record import TensorRecord, parse_tensor_pickle
+from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.safe_dcp import SafeFileSystemReader
+
+CHUNK_BYTES = 8 << 20
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable view of bytes ``[start, start + length)`` of ``fd`` that remembers what it read."""
+
+    def __init__(self, fd: int, start: int, length: int, seen: list[tuple[int, bytes]]) -> None:
+        super().__init__()
+        self.fd, self.start, self.length, self.pos, self.seen = fd, start, length, 0, seen
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), self.length - self.pos))
+        data = os.pread(self.fd, n, self.start + self.pos) if n else b""
+        b[: len(data)] = data
+        if data:
+            self.seen.append((self.start + self.pos, data))
+        self.pos += len(data)
+        return len(data)
+
+
+@dataclass
+class _Tensor:
+    """Copies the raw bytes of one row-major tensor record into its destination as they stream by."""
+
+    req: ReadItem
+    record: TensorRecord
+    target: torch.Tensor
+    start: int  # offset in the file of the storage's first byte
+    carry: bytearray = field(default_factory=bytearray)
+    done: int = 0  # bytes of the storage consumed
+
+    def __post_init__(self) -> None:
+        r = self.record
+        self.shape = r.size if r.size else (1,)
+        self.row_bytes = r.itemsize * max(1, int(torch.Size(self.shape[1:]).numel())) if len(self.shape) > 1 else r.itemsize
+        self.dtype = getattr(torch, r.dtype)
+        offsets, lengths = list(self.req.storage_offsets) or [0], list(self.req.lengths) or [1]
+        self.first, self.count, self.inner = offsets[0], lengths[0], list(zip(offsets[1:], lengths[1:], strict=True))
+        self.dest = self.target if self.target.dim() else self.target.view(1)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.record.nbytes
+
+    def feed(self, view: memoryview) -> None:
+        if self.carry:
+            take = view[: self.row_bytes - len(self.carry)]
+            self.carry += take
+            view = view[len(take) :]
+            if len(self.carry) == self.row_bytes:
+                self._rows(memoryview(self.carry))
+                self.carry = bytearray()
+        whole = len(view) // self.row_bytes * self.row_bytes
+        if whole:
+            self._rows(view[:whole])
+        if whole < len(view):
+            self.carry += view[whole:]
+
+    def _rows(self, data: memoryview) -> None:
+        r0 = self.done // self.row_bytes
+        n = len(data) // self.row_bytes
+        self.done += len(data)
+        a, b = max(r0, self.first), min(r0 + n, self.first + self.count)
+        if a >= b:
+            return
+        src = torch.frombuffer(data, dtype=self.dtype, count=n * self.row_bytes // self.record.itemsize).view(n, *self.shape[1:])
+        piece = src[a - r0 : b - r0]
+        for dim, (offset, length) in enumerate(self.inner, start=1):
+            piece = piece.narrow(dim, offset, length)
+        self.dest[a - self.first : b - self.first].copy_(piece)
+
+
+@dataclass
+class _Direct:
+    """A tensor whose destination is exactly its saved bytes (same dtype, whole, contiguous, in
+    host memory): the file is read straight into the destination's memory and hashed there."""
+
+    req: ReadItem
+    target: torch.Tensor
+    start: int
+    end: int
+
+    @property
+    def memory(self) -> memoryview:
+        flat = self.target.reshape(-1) if self.target.dim() else self.target.view(1)
+        return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+@dataclass
+class _Buffered:
+    """An item that takes torch's own path: its bytes are kept until the file is verified."""
+
+    req: ReadItem
+    start: int
+    length: int
+    data: bytearray = field(default_factory=bytearray)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    def feed(self, view: memoryview) -> None:
+        self.data += view
+
+
+class StreamingVerifiedReader(SafeFileSystemReader):
+    """``FileSystemReader`` whose ``read_data`` verifies and loads as described in the module docstring."""
+
+    def __init__(self, path: Path, verify_with: HashingFileSystem, threads: int = 4, chunk_bytes: int = CHUNK_BYTES) -> None:
+        super().__init__(path)
+        self.fs = verify_with
+        self.verify_with, self.threads, self.chunk_bytes = verify_with, max(1, threads), chunk_bytes
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        jobs = [(Path(self.fs.concat_path(self.path, name)), reqs) for name, reqs in per_file.items()]
+        resolve = planner.resolve_tensor
+        if len(jobs) <= 1 or self.threads == 1:
+            results = [self._read_file(p, reqs, resolve) for p, reqs in jobs]
+        else:
+            with ThreadPoolExecutor(min(self.threads, len(jobs)), thread_name_prefix="ckpt-load") as pool:
+                results = list(pool.map(lambda job: self._read_file(job[0], job[1], resolve), jobs))
+        for tensors, buffered in results:  # every file is verified: now the buffered items may be read
+            for item in buffered:
+                self._load_buffered(item, planner)
+            for sink in tensors:
+                planner.commit_tensor(sink.req, sink.target)
+        fut: torch.futures.Future[None] = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    # ------------------------------------------------------------------ one file
+    def _read_file(
+        self, path: Path, reqs: list[ReadItem], resolve: Callable[[ReadItem], torch.Tensor]
+    ) -> tuple[list[_Tensor], list[_Buffered]]:
+        entry = self.verify_with.entry_for(path)
+        fd = self.verify_with.open_for_reading(path)
+        try:
+            size = os.fstat(fd).st_size
+            if size != entry.bytes:
+                self.verify_with.mismatch(path, entry, size, "not read: the size differs")
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            seen: list[tuple[int, bytes]] = []
+            sinks: list[_Tensor | _Direct | _Buffered] = [self._sink(fd, req, resolve, seen) for req in reqs]
+            digest, nread = self._stream(fd, size, sorted(sinks, key=lambda s: s.start), sorted(seen), path)
+        finally:
+            os.close(fd)
+        self.verify_with.check(path, entry, nread, digest)
+        for sink in sinks:
+            if isinstance(sink, _Tensor) and (sink.done != sink.record.nbytes or sink.carry):
+                raise AssertionError(f"{path}: {sink.req.storage_index.fqn} got {sink.done} of {sink.record.nbytes} bytes")
+        return [s for s in sinks if not isinstance(s, _Buffered)], [s for s in sinks if isinstance(s, _Buffered)]
+
+    def _sink(
+        self, fd: int, req: ReadItem, resolve: Callable[[ReadItem], torch.Tensor], seen: list[tuple[int, bytes]]
+    ) -> _Tensor | _Buffered:
+        info = self.storage_data[req.storage_index]
+        if req.type == LoadItemType.BYTE_IO or info.transform_descriptors:
+            return _Buffered(req, info.offset, info.length)
+        located = _locate_tensor(fd, info.offset, info.length, seen)
+        if located is None:
+            return _Buffered(req, info.offset, info.length)
+        record, data_start = located
+        target = resolve(req).detach()
+        if tuple(target.shape) != tuple(req.lengths):  # torch's path raises its own message for this
+            return _Buffered(req, info.offset, info.length)
+        whole = tuple(req.lengths) == record.size and not any(req.storage_offsets)
+        in_place = whole and target.device.type == "cpu" and target.is_contiguous() and str(target.dtype) == f"torch.{record.dtype}"
+        if in_place and record.nbytes:  # (a GPU destination is filled from the chunk buffer instead)
+            return _Direct(req, target, data_start, data_start + record.nbytes)
+        return _Tensor(req, record, target, data_start)
+
+    def _stream(self, fd: int, size: int, sinks: list[Any], seen: list[tuple[int, bytes]], path: Path) -> tuple[str, int]:
+        """One pass over the file: straight into the destinations of ``_Direct`` sinks, through
+        the chunk buffer for the rest; every byte hashed in order."""
+        pump = _Pump(
+            self.verify_with.seed_for(path.name),
+            min(self.chunk_bytes, max(size, 1)),
+            [s for s in sinks if not isinstance(s, _Direct)],
+            seen,
+        )
+        with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+            for direct in (s for s in sinks if isinstance(s, _Direct)):
+                pump.run(f, direct.start)
+                if pump.pos == direct.start:
+                    pump.pos += pump.fill(f, direct.memory)
+            pump.run(f, None)
+        if pump.changed:
+            self.verify_with.mismatch(path, self.verify_with.entry_for(path), size, "changed while it was read")
+        return pump.hasher.hexdigest(), pump.pos
+
+    def _load_buffered(self, item: _Buffered, planner: LoadPlanner) -> None:
+        stream = io.BytesIO(item.data)
+        if item.req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item.req, stream)
+            return
+        tensor = torch.load(stream, map_location="cpu", weights_only=True)
+        tensor = narrow_tensor_by_index(tensor, item.req.storage_offsets, item.req.lengths)
+        target = planner.resolve_tensor(item.req).detach()
+        if target.size() != tensor.size():
+            raise AssertionError(f"req {item.req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+        target.copy_(tensor)
+        planner.commit_tensor(item.req, target)
+
+
+class _Pump:
+    """Reads a file in chunks through one buffer, hashing every byte and handing each sink its range."""
+
+    def __init__(self, seed: int, chunk_bytes: int, sinks: list[Any], seen: list[tuple[int, bytes]]) -> None:
+        self.hasher = xxhash.xxh3_128(seed=seed)
+        self.buf = bytearray(chunk_bytes)
+        self.view = memoryview(self.buf)
+        self.sinks, self.seen = sinks, seen
+        self.pos, self.first_sink, self.first_seen, self.changed = 0, 0, 0, False
+
+    def fill(self, f: Any, memory: memoryview) -> int:
+        """Read into ``memory`` (a destination), hash it; returns the bytes read (short at EOF)."""
+        got = 0
+        while got < len(memory):
+            n = f.readinto(memory[got:])
+            if not n:
+                break
+            got += n
+        self.hasher.update(memory[:got])
+        return got
+
+    def run(self, f: Any, until: int | None) -> None:
+        """Chunks from ``pos`` up to ``until`` (None: the end of the file)."""
+        while until is None or self.pos < until:
+            want = len(self.buf) if until is None else min(len(self.buf), until - self.pos)
+            n = f.readinto(self.view[:want])
+            if not n:
+                return
+            self._dispatch(self.view[:n])
+
+    def _dispatch(self, chunk: memoryview) -> None:
+        pos, end = self.pos, self.pos + len(chunk)
+        self.hasher.update(chunk)
+        while self.first_sink < len(self.sinks) and self.sinks[self.first_sink].end <= pos:
+            self.first_sink += 1
+        for sink in self.sinks[self.first_sink :]:
+            if sink.start >= end:
+                break
+            a, b = max(pos, sink.start), min(end, sink.end)
+            if a < b:
+                sink.feed(chunk[a - pos : b - pos])
+        while self.first_seen < len(self.seen) and self.seen[self.first_seen][0] + len(self.seen[self.first_seen][1]) <= pos:
+            self.first_seen += 1
+        for start, data in self.seen[self.first_seen :]:
+            if start >= end:
+                break
+            a, b = max(pos, start), min(end, start + len(data))
+            if a < b and chunk[a - pos : b - pos] != data[a - start : b - start]:
+                self.changed = True
+        self.pos = end
+
+
+def _locate_tensor(fd: int, start: int, length: int, seen: list[tuple[int, bytes]]) -> tuple[TensorRecord, int] | None:
+    """The record of the ``torch.save`` zip at ``[start, start + length)`` and the file offset of
+    its raw storage bytes, or None when it is not a plain row-major tensor of a little-endian writer."""
+    try:
+        view = _RangeFile(fd, start, length, seen)
+        with zipfile.ZipFile(view) as z:
+            names = {i.filename.split("/", 1)[-1]: i for i in z.infolist()}
+            storage, pkl, order = names.get("data/0"), names.get("data.pkl"), names.get("byteorder")
+            if storage is None or pkl is None or storage.compress_type != zipfile.ZIP_STORED or pkl.file_size > 64 << 10:
+                return None
+            if order is not None and z.read(order) != b"little":
+                return None
+            record = parse_tensor_pickle(z.read(pkl))
+            if record is None or not record.row_major or storage.file_size != record.nbytes:
+                return None
+            header = bytearray(30)
+            view.seek(storage.header_offset)
+            if view.readinto(header) != 30 or header[:4] != b"PK\x03\x04":
+                return None
+            name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+            data_start = storage.header_offset + 30 + name_len + extra_len
+            if data_start + record.nbytes > length:
+                return None
+            return record, start + data_start
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError):
+        return None
