@@ -57,6 +57,7 @@ class Loader:
         self.directory = directory
         self.files = common.files_under(step_dir)
         self.nbytes = sum(p.stat().st_size for p in self.files)
+        self.largest = max(p.stat().st_size for p in self.files)
         self.reference = reference
         self.target = common.build_model(state_bytes, seed=2)
         self.phases = PhaseTimer()
@@ -186,7 +187,7 @@ def report(loader: Loader, times: dict[str, list[float]], phases: dict[str, list
     )
     if loader.rss_added:
         added = max(loader.rss_added)
-        largest = max(p.stat().st_size for p in loader.files) / 2**20
+        largest = loader.largest / 2**20
         result.rows.append(
             Row(
                 "peak RSS added by a cold resume() beyond the state (VmHWM - RSS before, worst run)",
