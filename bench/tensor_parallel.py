@@ -43,12 +43,13 @@ def worker(mode: str, directory: Path, tp: int, reps: int, d_model: int, n_layer
     from ckpt_tool.recipes import tiny_gpt
     from ckpt_tool.recipes.data import Corpus, probe_batch
     from ckpt_tool.recipes.gpt_model import GPTConfig, lm_loss
+    from ckpt_tool.training.mesh import init_dp_tp_mesh
 
     init_distributed("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     c = GPTConfig(d_model=d_model, n_layer=n_layer, dropout=0.0)
     corpus = Corpus(c, 20_000, seed=1234)
-    dm = tiny_gpt.device_mesh(world, tp)
+    dm = init_dp_tp_mesh(world, tp)
 
     def manager() -> Any:
         model = tiny_gpt.build_model(c, 0, dm)

@@ -34,7 +34,7 @@ def trajectory_differences(saved: Mapping[str, Any], current: Mapping[str, Any])
 # How a check reproduces what the save ran under (``ckpt verify``): option or setting per key.
 REPRODUCE: dict[str, str] = {
     "world_size": "--nproc {saved}",
-    "mesh": "--tp {saved_tp}",
+    "tp": "--tp {saved}",
     "threads": "OMP_NUM_THREADS={saved}",
     "torch": "torch=={saved}",
 }
@@ -43,19 +43,4 @@ REPRODUCE: dict[str, str] = {
 def how_to_reproduce(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """The options or settings that make a re-run match the save where it differs, e.g.
     ``["--nproc 2", "OMP_NUM_THREADS=1"]`` (dtype and device come from the model's own code)."""
-    out = []
-    for key, template in REPRODUCE.items():
-        if key in saved and key in current and saved[key] != current[key]:
-            if key == "mesh":  # "dp_shard=2,tp=2": the tensor-parallel size is what --tp sets (--nproc sets the rest)
-                tp = [_tp(saved[key]), _tp(current[key])]
-                if tp[0] == tp[1]:
-                    continue
-                out.append(template.format(saved_tp=tp[0]))
-            else:
-                out.append(template.format(saved=saved[key]))
-    return out
-
-
-def _tp(mesh: object) -> int:
-    sizes = dict(part.partition("=")[::2] for part in str(mesh).split(","))
-    return int(sizes.get("tp", "1")) if sizes.get("tp", "1").isdigit() else 1
+    return [REPRODUCE[key].format(saved=saved[key]) for key in REPRODUCE if key in saved and key in current and saved[key] != current[key]]

@@ -56,6 +56,11 @@ def canonical_name(name: object) -> str:
     return name
 
 
+def limits_of(must_divide: Mapping[str, Mapping[str, int]] | None) -> tuple[tuple[str, str, int], ...]:
+    """``{"tp": {"attention heads": 32}}`` as limits ``(("tp", "attention heads", 32),)``."""
+    return tuple((dim, what, n) for dim, named in (must_divide or {}).items() for what, n in named.items())
+
+
 def _size(value: object, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SIZE:
         raise ValueError(f"{what} must be an integer in [1, {MAX_SIZE}], got {value!r}")
@@ -85,7 +90,7 @@ class Mesh:
             if not isinstance(what, str) or not what or len(what) > 80:
                 raise ValueError(f"a mesh limit must be named by a short string, got {what!r}")
             limits.append((canonical_name(dim), what, _size(n, f"mesh limit {what!r}")))
-        object.__setattr__(self, "limits", tuple(sorted(limits)))
+        object.__setattr__(self, "limits", tuple(sorted(set(limits))))  # a limit given twice is one limit
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -101,8 +106,11 @@ class Mesh:
             items = sorted(((canonical_name(n), s) for n, s in dims.items()), key=lambda d: list(DIMENSIONS).index(d[0]))
         else:
             items = [(canonical_name(n), s) for n, s in dims]
-        limits = tuple((canonical_name(dim), what, n) for dim, named in (must_divide or {}).items() for what, n in named.items())
-        return cls(tuple(items), limits)
+        return cls(tuple(items), limits_of(must_divide))
+
+    def with_limits(self, limits: tuple[tuple[str, str, int], ...]) -> Mesh:
+        """This mesh with more limits (``limits_of(must_divide)`` turns a mapping into them)."""
+        return Mesh(self.dims, self.limits + limits)
 
     def with_sizes(self, sizes: Mapping[str, int]) -> Mesh:
         """This mesh with other sizes: its dimensions keep their order, new ones follow in ``DIMENSIONS`` order."""
@@ -122,9 +130,14 @@ class Mesh:
         return math.prod(s for _, s in self.dims)
 
     @property
+    def data_dims(self) -> tuple[tuple[str, int], ...]:
+        """The dimensions whose ranks take different samples, in rank order."""
+        return tuple((n, s) for n, s in self.dims if DIMENSIONS[n].data_parallel)
+
+    @property
     def dp_size(self) -> int:
         """Ranks that take different samples: the product of the data-parallel dimensions."""
-        return math.prod(s for n, s in self.dims if DIMENSIONS[n].data_parallel)
+        return math.prod(s for _, s in self.data_dims)
 
     @property
     def model_parallel_size(self) -> int:
@@ -149,15 +162,12 @@ class Mesh:
         """The data-parallel rank of ``rank``: its position among the ranks that take different samples."""
         c = self.coordinates(rank)
         out = 0
-        for name, size in self.dims:
-            if DIMENSIONS[name].data_parallel:
-                out = out * size + c[name]
+        for name, size in self.data_dims:
+            out = out * size + c[name]
         return out
 
     def same_data_layout(self, other: Mesh) -> bool:
-        return [(n, s) for n, s in self.dims if DIMENSIONS[n].data_parallel] == [
-            (n, s) for n, s in other.dims if DIMENSIONS[n].data_parallel
-        ]
+        return self.data_dims == other.data_dims
 
     def describe(self) -> str:
         """``dp_shard 2 x tp 2``."""
@@ -187,7 +197,7 @@ class Mesh:
         must = data.get("must_divide", {})
         if not isinstance(must, dict) or any(not isinstance(v, dict) or len(v) > 16 for v in must.values()):
             raise ValueError("field 'mesh.must_divide' must map dimension names to {what: number}")
-        return cls(tuple(dims), tuple((dim, what, n) for dim, named in must.items() for what, n in named.items()))
+        return cls(tuple(dims), limits_of(must))
 
 
 def source_rank(old: Mesh, new: Mesh, rank: int) -> int:
@@ -198,12 +208,16 @@ def source_rank(old: Mesh, new: Mesh, rank: int) -> int:
     return old.rank_at(new.coordinates(rank))
 
 
+def _broken(mesh: Mesh) -> list[tuple[str, str, int]]:
+    return [(dim, what, n) for dim, what, n in mesh.limits if n % mesh.size(dim)]
+
+
 def mesh_problems(mesh: Mesh) -> list[str]:
     """The recorded limits ``mesh`` breaks (empty: it fits the model)."""
-    return [f"{dim} {mesh.size(dim)} does not divide the {what} ({n})" for dim, what, n in mesh.limits if n % mesh.size(dim)]
+    return [f"{dim} {mesh.size(dim)} does not divide the {what} ({n})" for dim, what, n in _broken(mesh)]
 
 
-def require_fit(mesh: Mesh, exit_code: int = ExitCode.USAGE, what: str = "") -> None:
+def require_fit(mesh: Mesh, exit_code: int = ExitCode.USAGE) -> None:
     """Raise when ``mesh`` breaks a limit it records, naming the nearest sizes that fit.
 
     Raises:
@@ -213,10 +227,10 @@ def require_fit(mesh: Mesh, exit_code: int = ExitCode.USAGE, what: str = "") -> 
     problems = mesh_problems(mesh)
     if not problems:
         return
-    dims = dict.fromkeys(d for d, _, n in mesh.limits if n % mesh.size(d))
+    dims = dict.fromkeys(d for d, _, _ in _broken(mesh))
     fits = "; ".join(f"{d} sizes that fit: {' or '.join(map(str, nearest(sizes_that_fit(mesh, d), mesh.size(d))))}" for d in dims)
     raise CkptError(
-        f"{what}mesh {mesh.describe()} does not fit the model: {'; '.join(problems)}",
+        f"mesh {mesh.describe()} does not fit the model: {'; '.join(problems)}",
         f"{fits} (the world size must stay a multiple of the model-parallel sizes)",
         exit_code,
     )

@@ -109,7 +109,7 @@ def check_mesh_change(old: Mesh, new: Mesh) -> Mesh:
                 f"continue with {name} {old.size(name)}; data parallel (dp_shard, dp_replicate) and tp may change",
                 ExitCode.CONFLICT,
             )
-    merged = Mesh(new.dims, tuple(dict.fromkeys(old.limits + new.limits)))
+    merged = new.with_limits(old.limits)
     require_fit(merged, ExitCode.CONFLICT)
     return merged
 
@@ -173,14 +173,18 @@ def plan_resume(
     return ReshardPlan(plan.old, plan.new, saved_mesh, new_mesh)
 
 
+def micro_batch_slice(batch: BatchConfig, dp_rank: int, micro: int, position: int = 0) -> tuple[int, int]:
+    """[start, end) of the samples data-parallel rank ``dp_rank`` uses in accumulation step
+    ``micro`` of the step starting at ``position``."""
+    start = position + (micro * batch.dp_size + dp_rank) * batch.micro_batch
+    return start, start + batch.micro_batch
+
+
 def step_slices(position: int, batch: BatchConfig) -> dict[tuple[int, int], tuple[int, int]]:
     """(data-parallel rank, micro step) -> [start, end) in the epoch's permutation, for the step starting at ``position``."""
-    out = {}
-    for micro in range(batch.grad_accum):
-        for rank in range(batch.dp_size):
-            start = position + (micro * batch.dp_size + rank) * batch.micro_batch
-            out[(rank, micro)] = (start, start + batch.micro_batch)
-    return out
+    return {
+        (rank, micro): micro_batch_slice(batch, rank, micro, position) for micro in range(batch.grad_accum) for rank in range(batch.dp_size)
+    }
 
 
 @dataclass(frozen=True)

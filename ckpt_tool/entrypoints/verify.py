@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
-from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.entrypoints import run_and_report
 from ckpt_tool.ops.verify import verify_checkpoint
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.distributed import init_distributed
+from ckpt_tool.training.mesh import from_device_mesh, init_dp_tp_mesh
 
 
 def main(argv: list[str]) -> int:
@@ -26,8 +25,8 @@ def main(argv: list[str]) -> int:
     entry = argv[4] if len(argv) > 4 else None
     init_distributed("gloo")
     world = dist.get_world_size()
-    device_mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp_shard", "tp"))
-    mesh = Mesh.of([("dp_shard", world // tp), ("tp", tp)])
+    device_mesh = init_dp_tp_mesh(world, tp)
+    mesh = from_device_mesh(device_mesh)
     return run_and_report(result_path, lambda: verify_checkpoint(CheckpointStore(directory), step, entry, mesh, device_mesh).to_json())
 
 

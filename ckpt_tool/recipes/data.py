@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.reshard import micro_batch_slice
 from ckpt_tool.recipes.gpt_model import GPTConfig
 
 
@@ -65,8 +66,8 @@ class GlobalSampler:
 
 def micro_batch_indices(global_batch: torch.Tensor, batch: BatchConfig, dp_rank: int, micro: int) -> torch.Tensor:
     """The samples data-parallel rank ``dp_rank`` uses in accumulation step ``micro``: a contiguous slice."""
-    start = (micro * batch.dp_size + dp_rank) * batch.micro_batch
-    return global_batch[start : start + batch.micro_batch]
+    start, end = micro_batch_slice(batch, dp_rank, micro)
+    return global_batch[start:end]
 
 
 class Corpus:

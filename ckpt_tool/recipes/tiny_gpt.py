@@ -27,10 +27,9 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from ckpt_tool.core.batch import BatchRequest
-from ckpt_tool.core.mesh import require_fit
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.recipes.data import Corpus, GlobalSampler, micro_batch_indices, probe_batch
@@ -41,7 +40,7 @@ from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.grad_norm import clip_grad_norm
 from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.manager import CheckpointManager
-from ckpt_tool.training.mesh import from_device_mesh
+from ckpt_tool.training.mesh import init_dp_tp_mesh, run_mesh
 from ckpt_tool.training.probe import ProbeSpec
 
 ENTRY_POINT = "ckpt_tool.recipes.tiny_gpt:build_for_verify"
@@ -56,17 +55,6 @@ def lr_lambda(warmup: int, total: int):
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f
-
-
-def device_mesh(world: int, tp: int) -> DeviceMesh:
-    """The ``(dp_shard, tp)`` mesh of all ranks (tensor-parallel peers are neighbouring ranks: one node)."""
-    if tp < 1 or world % tp:
-        raise CkptError(
-            f"--tp {tp} does not divide the {world} ranks of this job",
-            f"use a --tp that divides {world}, or run a multiple of {tp} ranks",
-            ExitCode.USAGE,
-        )
-    return init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp_shard", "tp"))
 
 
 def build_model(c: GPTConfig, seed: int, mesh: DeviceMesh | None = None) -> nn.Module:
@@ -158,9 +146,9 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     # --global-batch given explicitly and different changes it on purpose.
     requested = BatchRequest(args.micro_batch, args.grad_accum, args.global_batch)
     corpus = Corpus(c, args.corpus_tokens, seed=1234)
-    dm = device_mesh(world, args.tp)
-    mesh = from_device_mesh(dm, must_divide={"tp": c.tp_limits()})
-    require_fit(mesh)  # before the model is split: --tp 3 with 4 heads is refused with the sizes that fit
+    dm = init_dp_tp_mesh(world, args.tp)
+    # checked before the model is split (--tp 3 with 4 heads is refused with the sizes that fit)
+    mesh = run_mesh(dm, world, {"tp": c.tp_limits()})
     model = build_model(c, args.seed, dm)
     dp_rank = mesh.dp_rank(rank)
     # One RNG stream per data-parallel rank (dropout), restored from the checkpoint on resume:

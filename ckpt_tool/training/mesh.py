@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ckpt_tool.core.mesh import Mesh, require_fit
+from ckpt_tool.core.mesh import Mesh, limits_of, require_fit
 from ckpt_tool.errors import CkptError, ExitCode
 
 
@@ -35,6 +35,24 @@ def from_device_mesh(device_mesh: Any, must_divide: Mapping[str, Mapping[str, in
         return Mesh.of(list(zip(names, (int(s) for s in device_mesh.mesh.shape), strict=True)), must_divide)
     except ValueError as exc:
         raise CkptError(f"device mesh: {exc}", "name the dimensions dp_shard (or dp), dp_replicate, tp, cp, pp", ExitCode.USAGE) from None
+
+
+def init_dp_tp_mesh(world_size: int, tp: int, device_type: str = "cpu") -> Any:
+    """The ``(dp_shard, tp)`` DeviceMesh of all ranks, the layout the reference recipe and
+    torchtitan use (tensor-parallel peers are neighbouring ranks: one node).
+
+    Raises:
+        CkptError: ``tp`` does not divide the world size (exit 2).
+    """
+    if tp < 1 or world_size % tp:
+        raise CkptError(
+            f"--tp {tp} does not divide the {world_size} ranks of this job",
+            f"use a --tp that divides {world_size}, or run a multiple of {tp} ranks",
+            ExitCode.USAGE,
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (world_size // tp, tp), mesh_dim_names=("dp_shard", "tp"))
 
 
 def run_mesh(spec: Any, world_size: int, must_divide: Mapping[str, Mapping[str, int]] | None = None) -> Mesh:
@@ -70,7 +88,7 @@ def run_mesh(spec: Any, world_size: int, must_divide: Mapping[str, Mapping[str, 
         )
     if must_divide:
         try:
-            mesh = Mesh(mesh.dims, mesh.limits + Mesh.of(mesh.dims, must_divide).limits)
+            mesh = mesh.with_limits(limits_of(must_divide))
         except ValueError as exc:
             raise CkptError(f"must_divide: {exc}", 'e.g. must_divide={"tp": {"attention heads": 32}}', ExitCode.USAGE) from None
     require_fit(mesh)

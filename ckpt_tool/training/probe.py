@@ -29,7 +29,7 @@ from ckpt_tool.training import state_codec
 from ckpt_tool.training.grad_norm import total_norm
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
 
-EXACT_KEYS = ("world_size", "mesh", "threads", "torch", "dtype", "device_type")
+EXACT_KEYS = ("world_size", "mesh", "tp", "threads", "torch", "dtype", "device_type")
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,7 @@ def current_env(model: nn.Module, mesh: Mesh) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "world_size": mesh.world_size,
         "mesh": mesh.compact(),
+        "tp": mesh.size("tp"),  # what `ckpt verify --tp` sets (--nproc sets the rest of the mesh)
         "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
         "device_type": first.device.type if first is not None else None,
     }

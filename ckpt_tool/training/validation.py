@@ -54,19 +54,11 @@ def mesh_checks(manifest: Manifest) -> list[Problem]:
     mesh = manifest.layout
     listed = {f.path for f in manifest.files}
     missing = [r for r in range(mesh.world_size) if layout.rank_state_name(r) not in listed]
-    problems = (
-        [
-            Problem(
-                layout.MANIFEST_NAME,
-                f"mesh {mesh.describe()}: no state file listed for rank {missing[0]}"
-                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
-                f"{mesh.world_size} rank files",
-                f"{mesh.world_size - len(missing)}",
-            )
-        ]
-        if missing
-        else []
-    )
+    problems = []
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        what = f"mesh {mesh.describe()}: no state file listed for rank {missing[0]}{more}"
+        problems.append(Problem(layout.MANIFEST_NAME, what, f"{mesh.world_size} rank files", f"{mesh.world_size - len(missing)}"))
     problems += [
         Problem(layout.MANIFEST_NAME, f"mesh {mesh.describe()} does not fit the model", "sizes that divide the limits", p)
         for p in mesh_problems(mesh)
