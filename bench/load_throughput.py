@@ -20,10 +20,11 @@ Each repetition runs, in an order rotated between repetitions:
 Memory: the peak RSS of each cold resume above the RSS just before it (VmHWM after
 ``clear_refs``), i.e. what ``resume()`` adds beyond the state it loads into.
 
-``get_state_dict`` initialises the empty optimizer (a ``zeros_like`` of every parameter + a step
-with lr=0) and ``set_state_dict`` loads it: torch's cost, shown in the phase split. (An earlier
-variant gave the parameters gradients to skip that; ``resume()`` now drops gradients before
-loading, because with gradients torch skips the optimizer state altogether.)
+torch's own path (``dcp cold``) pays ``get_state_dict``'s initialisation of the empty optimizer (a
+``zeros_like`` of every parameter + a step with lr=0), ``set_state_dict``'s second one (SGD
+without momentum keeps no state, so it is still empty) and a ``load_state_dict`` copy of every
+model entry; ``resume()`` builds the optimizer state with stride-0 zero gradients and sets only
+what DCP did not fill in place (``training.torch_state``). The phase split shows each part.
 
 Eviction: fsync + ``POSIX_FADV_DONTNEED`` on each file, then ``drop_caches=3`` when allowed
 (root); the bytes still resident are checked with ``fincore``. Throughput = bytes of the
@@ -138,8 +139,8 @@ class Loader:
 def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str, list[float]], dict[str, list[dict[str, float]]]]:
     import torch.distributed.checkpoint as dcp
 
-    import ckpt_tool.training.resume as resume_module
     from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.training import torch_state
 
     directory = work / "ckpt"
     reference, step_dir = common.save_checkpoint(directory, state_bytes)
@@ -148,9 +149,10 @@ def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str
     with (
         p.wrap(CheckpointStore, "clean_up_after_crash", "crash_cleanup"),
         p.wrap(CheckpointStore, "check_files", "store_check_files"),
-        p.wrap(resume_module, "get_state_dict", "get_state_dict"),
+        p.wrap(torch_state, "build_optimizer_state", "build_optimizer_state"),
+        p.wrap(torch_state, "get_state_dict", "get_state_dict"),
         p.wrap(dcp, "load", "dcp_load"),
-        p.wrap(resume_module, "set_state_dict", "set_state_dict"),
+        p.wrap(torch_state.LiveState, "set_loaded", "set_state_dict"),
     ):
         loader.run("resume_warm")  # warm-up: imports, first-call costs
         times, phases = common.rotated_repetitions(loader.run, VARIANTS, reps, loader.nbytes)

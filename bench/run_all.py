@@ -26,6 +26,7 @@ REPO = BENCH_DIR.parent
 SCRIPTS = (
     "save_throughput",
     "async_blocked",
+    "async_modes",
     "load_throughput",
     "lookup",
     "memory",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -13,6 +14,10 @@ from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, pr
 from ckpt_tool.core import layout
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode
+
+if TYPE_CHECKING:
+    from ckpt_tool.ops.reshard import ReshardReport
+    from ckpt_tool.store.store import CheckpointStore
 
 
 # --------------------------------------------------------------------------- rollback
@@ -131,6 +136,28 @@ def _check_out_dir(source: Path, out_dir: Path) -> None:
         )
 
 
+def write_copy(store: CheckpointStore, report: ReshardReport, out_dir: Path, micro_batch: int | None, one_process: bool | None) -> None:
+    """``--out``: in this process, or under torchrun with one process per new rank."""
+    import psutil
+
+    from ckpt_tool.core.reshard import copy_in_one_process
+    from ckpt_tool.training.config import DEFAULT_IO_THREADS
+
+    tp = report.new_mesh.size("tp")
+    state_bytes = store.read_manifest(report.step).total_bytes
+    if copy_in_one_process(state_bytes, psutil.virtual_memory().available, one_process):
+        from ckpt_tool.entrypoints.reshard import reshard_in_one_process
+
+        reshard_in_one_process(store.root, report.step, out_dir, report.new_world_size, tp, micro_batch, DEFAULT_IO_THREADS)
+        return
+    run_entry(
+        "ckpt_tool.entrypoints.reshard",
+        report.new_world_size,
+        [str(store.root), str(report.step), str(out_dir), str(tp), *([str(micro_batch)] if micro_batch else [])],
+        "writing the resharded copy",
+    )
+
+
 def reshard(
     directory: Path = DirArg,
     world_size: int = typer.Option(..., "--world-size", min=1, help="The new number of ranks (processes), all mesh dimensions together."),
@@ -143,6 +170,12 @@ def reshard(
     ),
     in_place: bool = typer.Option(False, "--in-place", help="Record the plan in the checkpoint's manifest lineage (used at resume)."),
     out_dir: Path | None = typer.Option(None, "--out", help="Also write a copy laid out for the new world size into this new directory."),
+    one_process: bool | None = typer.Option(
+        None,
+        "--one-process/--per-rank",
+        help="Write the --out copy from this process (the whole state in memory, each byte read once) or from one process per "
+        "new rank under torchrun. Default: one process when the state takes at most half the available memory.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -158,12 +191,7 @@ def reshard(
     if in_place and not dry_run:
         record_plan(store, report)
     if out_dir is not None and not dry_run:
-        run_entry(
-            "ckpt_tool.entrypoints.reshard",
-            world_size,
-            [str(directory), str(report.step), str(out_dir), str(report.new_mesh.size("tp")), *([str(micro_batch)] if micro_batch else [])],
-            "writing the resharded copy",
-        )
+        write_copy(store, report, out_dir, micro_batch, one_process)
     if as_json:
         print_json(
             report.to_json()

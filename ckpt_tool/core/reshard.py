@@ -203,3 +203,16 @@ def check_shapes(shapes: dict[str, tuple[int, ...]], world_size: int) -> list[Sh
     """Problems that stop a load at ``world_size``: every sharded tensor (dim 0) needs at least
     one row per rank (FSDP2 shards dim 0; fewer rows leave ranks empty)."""
     return [ShapeProblem(name, shape[0], world_size) for name, shape in sorted(shapes.items()) if len(shape) >= 1 and shape[0] < world_size]
+
+
+ONE_PROCESS_MEMORY_SHARE = 0.5  # an offline copy in one process may take this share of the free memory
+
+
+def copy_in_one_process(state_bytes: int, available_memory: int, asked: bool | None) -> bool:
+    """Whether ``ckpt reshard --out`` writes the copy from one process (the whole state in its
+    memory, each source byte read once) or from one process per new rank under torchrun (each
+    holding its share): as asked, else one process when the state takes at most
+    ``ONE_PROCESS_MEMORY_SHARE`` of the available memory."""
+    if asked is not None:
+        return asked
+    return state_bytes <= available_memory * ONE_PROCESS_MEMORY_SHARE

@@ -1,66 +1,107 @@
-"""``ckpt reshard --out DIR2`` runs this under torchrun with the new world size (gloo).
+"""``ckpt reshard --out DIR2``: the copy laid out for the new world size, by one process or N ranks.
 
-Every rank builds empty targets from the source's DCP metadata (no user model needed): sharded
-tensors as DTensors ``Shard(0)`` over the new ranks, scalars and the probe batch replicated,
-non-tensor entries as placeholders. DCP loads the source into them (each file hash-checked as
-it is read), then each rank writes only its own slice and the result is committed with the same
-protocol and hashes as any checkpoint. DCP files hold global tensors, so this even split of
-every tensor loads on any mesh; the manifest records the new mesh (``TP`` and data parallel
-the rest), which the resume plans against. Each new rank's JSON state is taken as a resume on
-that mesh would take it (``training.rank_state.read_rank_state``: keyed by mesh coordinates).
+One process (``reshard_in_one_process``, the default when the state fits in memory): the source is
+read once, whole (each file hash-checked as it is read), and DCP's save protocol runs for the N
+new ranks in this process (``training.one_process_layout``). N ranks (``main``, run by torchrun
+with the new world size, gloo): every rank builds empty targets from the source's DCP metadata
+(no user model needed), sharded tensors as DTensors ``Shard(0)`` over the new ranks, scalars and
+the probe batch replicated; DCP loads the source into them and each rank writes its own slice.
+Both write the same files and commit them with the same protocol and hashes as any checkpoint.
+DCP files hold global tensors, so this even split of every tensor loads on any mesh; the manifest
+records the new mesh (``TP`` and data parallel the rest), which the resume plans against. Each
+new rank's JSON state is taken as a resume on that mesh would take it
+(``training.rank_state.read_rank_state``: keyed by mesh coordinates).
 
     torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.reshard RESULT.json SRC STEP DST TP [MICRO_BATCH]
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard
-from torch.distributed.tensor import empty as dtensor_empty
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.manifest import FileEntry, Manifest
 from ckpt_tool.entrypoints import run_and_report
-from ckpt_tool.ops.reshard import check_reshard
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.ops.reshard import ReshardReport, check_reshard
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.comm import Comm
-from ckpt_tool.training.commit import commit_staged
+from ckpt_tool.training.commit import commit_entries, commit_staged, staged_entries
 from ckpt_tool.training.config import DEFAULT_IO_THREADS
 from ckpt_tool.training.distributed import init_distributed
 from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.one_process_layout import empty_targets, flatten_loaded, write_layout
 from ckpt_tool.training.rank_state import read_rank_state
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
 
 
-def _targets(metadata: Any, mesh: Any) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for key, md in metadata.state_dict_metadata.items():
-        path = (metadata.planner_data or {}).get(key, (key,))
-        if isinstance(md, TensorStorageMetadata):
-            sharded = len(md.size) >= 1 and (key.startswith(("model.", "optim.state.")))
-            dtype = md.properties.dtype
-            value = (
-                dtensor_empty(tuple(md.size), dtype=dtype, device_mesh=mesh, placements=[Shard(0)])
-                if sharded
-                else torch.empty(tuple(md.size), dtype=dtype)
-            )
-        else:
-            value = None  # a non-tensor entry (optimizer hyper-parameters): loaded as plain data
-        set_element(state, path, value)
-    return state
+@dataclass(frozen=True)
+class _Copy:
+    """One reshard copy: the source step, its check against the new mesh, the output store."""
+
+    src: Path
+    step: int
+    manifest: Manifest
+    report: ReshardReport
+    verify_fs: HashingFileSystem
+    metadata: Metadata
+    world: int
+
+    @classmethod
+    def open(cls, src: Path, step: int, world: int, tp: int, micro: int | None) -> _Copy:
+        store = CheckpointStore(src)
+        manifest = store.read_manifest(step)
+        report = check_reshard(store, step, world, micro, {"tp": tp})
+        verify_fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n), {f.path: f for f in manifest.files})
+        with verify_fs.create_stream(store.step_path(step) / layout.DCP_METADATA_NAME, "rb") as f:
+            metadata = load_metadata_safely(f)
+        return cls(src, step, manifest, report, verify_fs, metadata, world)
+
+    @property
+    def path(self) -> Path:
+        return CheckpointStore(self.src).step_path(self.step)
+
+    def rank_json(self, rank: int) -> bytes:
+        return state_codec.dumps(read_rank_state(self.path, self.verify_fs, rank, self.report.new_mesh, self.manifest.layout))
+
+    def writer(self, partial: Path) -> tuple[FileSystemWriter, HashingFileSystem]:
+        writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=DEFAULT_IO_THREADS, overwrite=True)
+        run_id, step = self.manifest.run_id, self.step
+        writer.fs = fs = HashingFileSystem(lambda n: binding_seed(run_id, step, n))  # hashes as it writes
+        return writer, fs
+
+    def make_manifest(self, files: tuple[FileEntry, ...]) -> Manifest:
+        lineage = (
+            *self.manifest.lineage,
+            {
+                "event": "resharded_from",
+                "time": time.time(),
+                "source": str(self.src.absolute()),
+                "step": self.step,
+                "world_size": self.manifest.world_size,
+            },
+        )
+        # env keeps what produced the state (the original world size): a resume compares against it
+        return replace(
+            self.manifest,
+            files=files,
+            world_size=self.world,
+            batch=self.report.plan.new,
+            mesh=self.report.new_mesh,
+            lineage=lineage,
+            created_at=time.time(),
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -80,46 +121,52 @@ def main(argv: list[str]) -> int:
 
 
 def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, tp: int, micro: int | None) -> None:
-    """Load step ``step`` of ``src`` into targets laid out for this world size and commit it in
-    ``dst``, for a mesh of tensor-parallel size ``tp`` and data parallel the rest."""
-    store, world = CheckpointStore(src), comm.world_size
-    manifest = store.read_manifest(step)
-    report = check_reshard(store, step, world, micro, {"tp": tp})
-    path = store.step_path(step)
-    verify_fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n), {f.path: f for f in manifest.files})
-    with verify_fs.create_stream(path / layout.DCP_METADATA_NAME, "rb") as f:
-        metadata = load_metadata_safely(f)
-    state = _targets(metadata, init_device_mesh("cpu", (world,)))
-    load_state(state, path, process_group=comm.group, verify_with=verify_fs)
-    rank_state = read_rank_state(path, verify_fs, comm.rank, report.new_mesh, manifest.layout)
+    """Rank ``comm.rank``'s part: load step ``step`` of ``src`` into targets laid out for this
+    world size and commit it in ``dst``, for a mesh of tensor-parallel size ``tp`` and data
+    parallel the rest."""
+    copy = _Copy.open(src, step, comm.world_size, tp, micro)
+    state = empty_targets(copy.metadata, init_device_mesh("cpu", (comm.world_size,)))
+    load_state(state, copy.path, process_group=comm.group, verify_with=copy.verify_fs)
+    rank_json = copy.rank_json(comm.rank)
 
     def create() -> None:
         CheckpointStore(dst, create=True)
 
     comm.on_coordinator(create)
     out = CheckpointStore(dst)
-    partial = out.begin_staging(step)
-    writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=DEFAULT_IO_THREADS, overwrite=True)
-    writer.fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n))
-    dcp.save(state, storage_writer=writer, process_group=comm.group)
-    lineage = (
-        *manifest.lineage,
-        {"event": "resharded_from", "time": time.time(), "source": str(src.absolute()), "step": step, "world_size": manifest.world_size},
-    )
+    writer, fs = copy.writer(out.begin_staging(step))
+    with fs.writers_settled():
+        dcp.save(state, storage_writer=writer, process_group=comm.group)
+    commit_staged(out, comm, step, copy.manifest.run_id, fs, rank_json, copy.make_manifest)
 
-    def make_manifest(files: tuple[FileEntry, ...]) -> Manifest:
-        # env keeps what produced the state (the original world size): a resume compares against it
-        return replace(
-            manifest,
-            files=files,
-            world_size=world,
-            batch=report.plan.new,
-            mesh=report.new_mesh,
-            lineage=lineage,
-            created_at=time.time(),
-        )
 
-    commit_staged(out, comm, step, manifest.run_id, writer.fs, state_codec.dumps(rank_state), make_manifest)
+def reshard_in_one_process(src: Path, step: int, dst: Path, world: int, tp: int, micro: int | None, threads: int) -> None:
+    """The same copy as ``world`` ranks running ``reshard_copy`` write, by this process alone:
+    the source read once, whole (``threads`` files at a time), then every new rank's file
+    written. On failure nothing is left in ``dst`` (a directory this call made is removed)."""
+    copy = _Copy.open(src, step, world, tp, micro)
+    state = empty_targets(copy.metadata, None)
+    load_state(state, copy.path, no_dist=True, verify_with=copy.verify_fs, threads=threads)
+    made = not dst.exists()
+    out = CheckpointStore(dst, create=True)
+    writer, fs = copy.writer(out.begin_staging(step))
+    try:
+        with fs.writers_settled():
+            write_layout(flatten_loaded(state, copy.metadata), copy.metadata.planner_data or {}, world, writer)
+        run_id = copy.manifest.run_id
+        entries = [e for rank in range(world) for e in staged_entries(out, step, run_id, fs, rank, copy.rank_json(rank))]
+        commit_entries(out, Comm(), step, entries, copy.make_manifest)
+    except BaseException as exc:
+        out.discard_staging(step)
+        if made:
+            shutil.rmtree(dst, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise CkptError(
+                f"writing the resharded copy to {dst} failed: {exc}",
+                "free space there or give another --out; the source checkpoint is unchanged",
+                ExitCode.FAILED,
+            ) from None
+        raise
 
 
 if __name__ == "__main__":

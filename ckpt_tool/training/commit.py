@@ -35,8 +35,16 @@ def commit_staged(
 ) -> None:
     """Collective. Raises ``CkptError`` on every rank when the commit failed (the previous
     checkpoint is intact)."""
+    entries = staged_entries(store, step, run_id, fs, comm.rank, rank_json)
+    commit_entries(store, comm, step, [e for es in comm.all_gather(entries) for e in es], make_manifest, retention)
+
+
+def staged_entries(store: CheckpointStore, step: int, run_id: str, fs: HashingFileSystem, rank: int, rank_json: bytes) -> list[FileEntry]:
+    """Write ``rank``'s JSON state into the staging directory; the entries of every file of that
+    rank there, with the hashes ``fs`` computed as DCP wrote (anything else is read back).
+    Raises what failed while DCP wrote (a writer thread's error does not fail DCP's save)."""
+    fs.raise_write_failure()
     partial = store.partial_path(step)
-    rank = comm.rank
     state_name = layout.rank_state_name(rank)
     store.write_staged(step, state_name, rank_json)
     digests = {
@@ -48,12 +56,23 @@ def commit_staged(
     mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
     unhashed = [n for n in mine if n not in digests]  # not written through DCP's stream: read back
     digests.update({d.name: d for d in hash_files(partial, unhashed, run_id, step)})
-    entries = [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in mine]
-    gathered = comm.all_gather(entries)
+    return [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in mine]
+
+
+def commit_entries(
+    store: CheckpointStore,
+    comm: Comm,
+    step: int,
+    entries: list[FileEntry],
+    make_manifest: Callable[[tuple[FileEntry, ...]], Manifest],
+    retention: RetentionPolicy | None = None,
+) -> None:
+    """Rank 0 commits the staged step with the files of every rank (``entries``, gathered) and
+    applies retention; every rank learns the outcome (``CkptError`` on every rank)."""
     error: CkptError | None = None
     if comm.is_coordinator:
         try:
-            store.commit(step, make_manifest(tuple(sorted((e for es in gathered for e in es), key=lambda e: e.path))))
+            store.commit(step, make_manifest(tuple(sorted(entries, key=lambda e: e.path))))
             if retention is not None:
                 store.apply_retention(retention, known_good=step)  # hashed as it was written
         except CkptError as exc:  # keeps its hint and exit code (a directory taken over: 4)

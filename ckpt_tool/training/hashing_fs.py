@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Generator, Mapping
+import threading
+from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import xxhash
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -65,24 +67,58 @@ class HashingFileSystem(FileSystem):
         self.seed_for = seed_for
         self.expected = expected
         self.written: dict[str, FileDigest] = {}
+        # DCP's extra writer threads die with their exception and the save still returns: what
+        # failed while writing a file is kept here and raised by the commit (``raise_write_failure``)
+        self.write_failures: list[BaseException] = []
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         path = Path(path)
         name = path.name.removesuffix(_TMP_SUFFIX)
         if "w" in mode:
-            # 0o644 filtered by the umask: checkpoint data is never group- or world-writable
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-            with open(fd, mode) as raw:
-                writer = _HashingWriter(raw, self.seed_for(name))
-                yield writer
-                writer.flush()
+            try:
+                # 0o644 filtered by the umask: checkpoint data is never group- or world-writable
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                with open(fd, mode) as raw:
+                    writer = _HashingWriter(raw, self.seed_for(name))
+                    yield writer
+                    writer.flush()
+            except BaseException as exc:
+                self.write_failures.append(exc)
+                raise
             self.written[path.name] = FileDigest(name, writer.size, writer.hasher.hexdigest())
         elif self.expected is not None:
             yield io.BytesIO(self.read_verified(path))
         else:
             with super().create_stream(path, mode) as stream:
                 yield stream
+
+    @contextmanager
+    def writers_settled(self) -> Iterator[None]:
+        """Around a DCP save through this filesystem: on the way out, also on failure, DCP's extra
+        writer threads have ended (when the calling thread's file fails, DCP raises without
+        joining them; removing the staging directory under them would fail them again), and a
+        writer thread's failure this filesystem recorded (the commit raises it) prints no thread
+        traceback. Other thread failures print as ever."""
+        previous = threading.excepthook
+
+        def hook(args: Any) -> None:
+            if not any(args.exc_value is failure for failure in self.write_failures):
+                previous(args)
+
+        threading.excepthook = hook
+        try:
+            yield
+        finally:
+            for thread in threading.enumerate():
+                if thread is not threading.current_thread() and thread.name.endswith("(_write_files_from_queue)"):
+                    thread.join()
+            threading.excepthook = previous
+
+    def raise_write_failure(self) -> None:
+        """Raise the first failure of a file written through this filesystem, if any."""
+        if self.write_failures:
+            raise self.write_failures[0]
 
     def read_verified(self, path: Path) -> bytes:
         """The whole file, after its size and hash matched the manifest."""

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
 from ckpt_tool.core import layout
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.exactness import trajectory_differences
@@ -33,6 +31,7 @@ from ckpt_tool.training.hashing_fs import HashingFileSystem
 from ckpt_tool.training.probe import ProbeSpec, check_loaded_model
 from ckpt_tool.training.rank_state import TrainingState, read_rank_state
 from ckpt_tool.training.safe_dcp import load_state
+from ckpt_tool.training.torch_state import LiveState, live_state
 from ckpt_tool.training.validation import validate_checkpoint
 
 log = logging.getLogger("ckpt_tool")
@@ -142,18 +141,38 @@ class Resumption:
         plan = self._plan_reshard(manifest) if manifest.layout.dims != self.mesh.dims else None
         for why in trajectory_differences(manifest.env, self.env()):
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
-        verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
-        problems: list[str] = []
-        mismatch: CkptError | None = None
         model, optimizer = self.state.model, self.state.optimizer
         if not optimizer.state:
             # torch builds the empty optimizer state DCP loads into only when no parameter has a
             # gradient; with gradients present it returns no optimizer state and the checkpoint's
             # would be skipped without a word. Gradients from before a resume are stale anyway.
             optimizer.zero_grad(set_to_none=True)
+        with live_state(model, optimizer) as live:
+            rank_state, problems = self._load_into(live, manifest)
+            if problems:
+                return None, problems
+            live.set_loaded()
+        extra = self.state.restore(rank_state)
+        if plan is not None and self.comm.is_coordinator:
+            self.store.append_event(
+                "reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json()
+            )  # the plan's JSON holds both meshes
+        log.info("ckpt: resumed from %s (step %d)", path, step)
+        batch = plan.new if plan is not None else self._batch_same_size(manifest)
+        return Resumed(step, manifest.run_id, batch, plan, extra), []
+
+    def _load_into(self, live: LiveState, manifest: Manifest) -> tuple[dict[str, Any], list[str]]:
+        """DCP load into ``live``'s state dicts, every file hash-checked as it is read; returns
+        this rank's JSON state and the problems that make the checkpoint unusable (the same on
+        every rank). What is not damage is raised on every rank."""
+        step = manifest.step
+        path = self.store.step_path(step)
+        verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
+        problems: list[str] = []
+        mismatch: CkptError | None = None
+        rank_state: dict[str, Any] = {}
         try:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            dcp_state = {"model": model_sd, "optim": optim_sd}
+            dcp_state = {"model": live.model_sd, "optim": live.optim_sd}
             unused = load_state(
                 dcp_state,
                 path,
@@ -180,18 +199,7 @@ class Resumption:
         conflicts = [m for _, m in gathered if m is not None]
         if conflicts:  # not damage: no quarantine, no fallback to an older checkpoint
             raise CkptError(f"checkpoint step {step}: {conflicts[0].message}", conflicts[0].hint, conflicts[0].exit_code)
-        problems = sorted({p for rank_problems, _ in gathered for p in rank_problems})
-        if problems:
-            return None, problems
-        set_state_dict(model, optimizer, model_state_dict=dcp_state["model"], optim_state_dict=dcp_state["optim"])
-        extra = self.state.restore(rank_state)
-        if plan is not None and self.comm.is_coordinator:
-            self.store.append_event(
-                "reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json()
-            )  # the plan's JSON holds both meshes
-        log.info("ckpt: resumed from %s (step %d)", path, step)
-        batch = plan.new if plan is not None else self._batch_same_size(manifest)
-        return Resumed(step, manifest.run_id, batch, plan, extra), []
+        return rank_state, sorted({p for rank_problems, _ in gathered for p in rank_problems})
 
     def _batch_same_size(self, manifest: Manifest) -> BatchConfig | None:
         """On the saved mesh: the saved split, re-planned only when the command asks for another

@@ -22,7 +22,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
@@ -39,6 +38,7 @@ from ckpt_tool.training.heartbeat import Heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.rank_state import TrainingState
 from ckpt_tool.training.safe_dcp import dcp_failures
+from ckpt_tool.training.torch_state import live_state
 
 log = logging.getLogger("ckpt_tool")
 
@@ -79,8 +79,8 @@ class Saver:
         model, optimizer = self.state.model, self.state.optimizer
         lr = float(optimizer.param_groups[0]["lr"])
         probe = measure(model, self.probe, lr, step) if self.probe is not None else None
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp_state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        with live_state(model, optimizer) as live:  # an optimizer without state yet: built without a copy of the model
+            dcp_state: dict[str, Any] = {"model": live.model_sd, "optim": live.optim_sd}
         if self.probe is not None:
             dcp_state["probe"] = self.probe.batch
         rank_json = state_codec.dumps(self.state.capture(step, extra))
@@ -100,8 +100,8 @@ class Saver:
             return
         writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=self.config.io_threads, overwrite=True)
         run_id = self.run_id
-        writer.fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))  # hashes as it writes
-        commit_args = (writer.fs, step, rank_json, probe, time.time(), self.env())
+        writer.fs = fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))  # hashes as it writes
+        commit_args = (fs, step, rank_json, probe, time.time(), self.env())
         if self.config.async_save:
             response = dcp.async_save(
                 dcp_state,
@@ -114,7 +114,8 @@ class Saver:
             self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
         else:
             try:
-                dcp.save(dcp_state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
+                with fs.writers_settled():
+                    dcp.save(dcp_state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
             except (CheckpointException, OSError) as exc:
                 self.handle_error(self._failed(step, exc))
                 return
@@ -169,7 +170,8 @@ class Saver:
         """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
         if upload is not None:
             try:
-                upload.result()
+                with fs.writers_settled():
+                    upload.result()
             except (CheckpointException, OSError) as exc:
                 raise self._failed(step, exc) from None
         if self.before_commit is not None:

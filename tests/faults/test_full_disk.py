@@ -106,3 +106,61 @@ def test_vanished_directory_is_not_recreated(tmp_path):
     t.manager.save(3)
     t.manager.close()
     assert CheckpointStore(ckpt).read_latest() == 3
+
+
+def test_a_reshard_copy_onto_a_full_disk_fails_clearly_and_leaves_nothing(small_fs, tmp_path):
+    import sys
+
+    from ckpt_tool.core.batch import BatchConfig
+    from ckpt_tool.training.config import CheckpointConfig
+    from ckpt_tool.training.manager import CheckpointManager
+
+    ckpt = tmp_path / "ckpt"
+    model = torch.nn.Linear(64, 64)  # 16 KiB of parameters + 32 KiB of AdamW state: more than the 4 KiB left
+    optimizer = torch.optim.AdamW(model.parameters())
+    batch = BatchConfig(micro_batch=4, grad_accum=1, dp_size=1)
+    manager = CheckpointManager(CheckpointConfig(ckpt), model=model, optimizer=optimizer, batch=batch)
+    model(torch.ones(2, 64)).sum().backward()
+    optimizer.step()
+    manager.save(1)
+    manager.close()
+    before = sorted((p.name, p.stat().st_size) for p in CheckpointStore(ckpt).step_path(1).iterdir())
+    filler = fill(small_fs, leave=4096)
+    out = small_fs / "copy"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_tool.cli.main", "reshard", str(ckpt), "--world-size", "2", "--out", str(out), "--one-process"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "writing the resharded copy" in proc.stderr and "No space left on device" in proc.stderr and "Traceback" not in proc.stderr
+    assert "source checkpoint is unchanged" in " ".join(proc.stderr.split())
+    assert not out.exists()  # nothing half-written left behind; the same --out works once there is space
+    assert sorted((p.name, p.stat().st_size) for p in CheckpointStore(ckpt).step_path(1).iterdir()) == before
+    filler.unlink()
+
+
+def test_a_writer_threads_failure_reaches_the_commit_and_prints_no_traceback(tmp_path, capsys):
+    """DCP's extra writer threads die with their error and dcp.save still returns; the filesystem
+    keeps the error for the commit, which raises it (no checkpoint with a missing file)."""
+    import threading
+
+    from ckpt_tool.training.commit import staged_entries
+    from ckpt_tool.training.hashing_fs import HashingFileSystem
+
+    fs = HashingFileSystem(lambda name: 0)
+
+    def write_into_a_missing_directory() -> None:
+        with fs.create_stream(tmp_path / "gone" / "__1_0.distcp", "wb") as f:
+            f.write(b"x")
+
+    with fs.writers_settled():
+        thread = threading.Thread(target=write_into_a_missing_directory, name="Thread-9 (_write_files_from_queue)")
+        thread.start()
+    assert not thread.is_alive()  # joined on the way out
+    assert "Traceback" not in capsys.readouterr().err
+    store = CheckpointStore(tmp_path / "ckpt", create=True)
+    store.begin_staging(1)
+    with pytest.raises(FileNotFoundError):
+        staged_entries(store, 1, "run", fs, 0, b"{}")

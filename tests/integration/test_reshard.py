@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from ckpt_tool.core import layout
 from ckpt_tool.recipes.data import Corpus, GlobalSampler
 from ckpt_tool.recipes.gpt_model import GPTConfig
 from ckpt_tool.recipes.launch import FAST_ARGS, read_metrics, recipe_args, run, torchrun_command
@@ -63,12 +66,17 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_resume_at_another_world_size(tmp_path, case):
+def test_resume_at_another_world_size(tmp_path, case, request):
     old, new, batch_args = CASES[case]
-    ref_root, root = tmp_path / "reference", tmp_path / "switched"
-    ref_root.mkdir(), root.mkdir()
-    code, ref_metrics = launch(ref_root, "m", old, batch_args)
-    assert code == 0, (ref_root / "m.log").read_text()[-3000:]
+    root = tmp_path / "switched"
+    root.mkdir()
+    if case == "4-to-3":  # the module's uninterrupted 4-rank run (same arguments) is the reference
+        ref_metrics = request.getfixturevalue("four_rank_checkpoint").parent / "m.jsonl"
+    else:
+        ref_root = tmp_path / "reference"
+        ref_root.mkdir()
+        code, ref_metrics = launch(ref_root, "m", old, batch_args)
+        assert code == 0, (ref_root / "m.log").read_text()[-3000:]
     code, _ = launch(root, "m", old, batch_args, "--crash-at-step", str(CRASH_AT))
     assert code != 0
     code, metrics = launch(root, "m", new, batch_args, "--crash-at-step", str(CRASH_AT))
@@ -109,7 +117,7 @@ def test_resume_at_another_world_size(tmp_path, case):
 @pytest.fixture(scope="module")
 def four_rank_checkpoint(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("four")
-    code, _ = launch(root, "m", 4, ("--global-batch", "12", "--micro-batch", "3"))
+    code, _ = launch(root, "m", 4, CASES["4-to-3"][2])  # also the reference run of the 4-to-3 case
     assert code == 0, (root / "m.log").read_text()[-3000:]
     return root / "ckpt"
 
@@ -143,6 +151,25 @@ def test_offline_reshard_out_is_bit_identical_and_resumable(four_rank_checkpoint
         assert flat_src.keys() == flat_dst.keys()
         for k, v in flat_src.items():
             assert torch.equal(v, flat_dst[k]) if isinstance(v, torch.Tensor) else v == flat_dst[k], k
+    # #15: written by the command's own process (the default here), the files hold the chunks 3
+    # ranks write (--per-rank), each rank's rows in its own files, and torch's own
+    # dcp_to_torch_save reads them back to the source's tensors
+    per_rank = tmp_path / "per-rank"
+    proc = ckpt_cli("reshard", four_rank_checkpoint, "--world-size", "3", "--out", per_rank, "--per-rank")
+    assert proc.returncode == 0, proc.stderr
+    one, ranks = (FileSystemReader(str(d / "step_00000020")).read_metadata() for d in (out, per_rank))
+    assert one.state_dict_metadata == ranks.state_dict_metadata and one.planner_data == ranks.planner_data
+    assert set(one.storage_data) == set(ranks.storage_data)  # the same chunks of the same tensors
+    sharded = [(i, info) for i, info in one.storage_data.items() if i.fqn.startswith(("model.", "optim.state.")) and i.offset]
+    assert sharded
+    for index, info in sharded:
+        rows = one.state_dict_metadata[index.fqn].size[0]
+        assert layout.rank_of_file(info.relative_path) == index.offset[0] // -(-rows // 3), index  # Shard(0): ceil(rows/3) per rank
+    dcp_to_torch_save(out / "step_00000020", tmp_path / "copy.pt")
+    copied = dict(_flatten(torch.load(tmp_path / "copy.pt", weights_only=True)))
+    assert copied.keys() == dict(_flatten(src)).keys()
+    for k, v in _flatten(src):
+        assert torch.equal(v, copied[k]) if isinstance(v, torch.Tensor) else v == copied[k], k
     # and a 3-rank job resumes from it (to step 25) without planning anything new
     args = recipe_args(
         out, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12", "--micro-batch", "2"

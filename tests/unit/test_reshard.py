@@ -2,7 +2,7 @@ import pytest
 
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.core.reshard import check_shapes, plan_batch, step_slices
+from ckpt_tool.core.reshard import check_shapes, copy_in_one_process, plan_batch, step_slices
 from ckpt_tool.errors import CkptError
 
 dp = Mesh.data_parallel
@@ -91,3 +91,10 @@ def test_plan_resume_order_demand_then_recorded_then_default():
         plan_resume(None, dp(4), [], dp(2))
     damaged = [{"event": "reshard_plan", "world_size": 2, "batch": "garbage"}]
     assert plan_resume(saved, dp(4), damaged, dp(2)).new == BatchConfig(3, 2, 2)
+
+
+def test_the_offline_copy_runs_in_one_process_when_the_state_fits_half_the_free_memory():
+    assert copy_in_one_process(4 << 30, 8 << 30, None)  # exactly half: one process
+    assert not copy_in_one_process((4 << 30) + 1, 8 << 30, None)  # more: one process per new rank
+    assert copy_in_one_process(100 << 30, 8 << 30, True)  # --one-process is obeyed
+    assert not copy_in_one_process(1, 8 << 30, False)  # --per-rank too
