@@ -30,30 +30,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import common
 from common import GB, Result, Row, Stats
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 MODES = ("thread", "process", "thread_nice", "process_nice")
 TARGET = 0.25  # compute lost per background save / sync save (#15)
 
 
-def _nice_filesystem() -> Any:
-    import threading
+class NiceFileSystem(FileSystem):
+    """DCP's filesystem with every thread that opens a file set to nice 19 (module level: the
+    process checkpointer pickles the writer into its process)."""
 
-    from torch.distributed.checkpoint.filesystem import FileSystem
-
-    class NiceFileSystem(FileSystem):
-        def create_stream(self, path: Any, mode: str) -> Any:
-            tid = threading.get_native_id()
-            if os.getpriority(os.PRIO_PROCESS, tid) < 19:
-                os.setpriority(os.PRIO_PROCESS, tid, 19)
-            return super().create_stream(path, mode)
-
-    return NiceFileSystem()
+    def create_stream(self, path: Any, mode: str) -> Any:
+        tid = threading.get_native_id()
+        if os.getpriority(os.PRIO_PROCESS, tid) < 19:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        return super().create_stream(path, mode)
 
 
 def one_mode(mode: str, state_bytes: float, saves: int, work: Path) -> dict[str, Any]:
@@ -85,7 +83,7 @@ def one_mode(mode: str, state_bytes: float, saves: int, work: Path) -> dict[str,
     def writer(name: str) -> FileSystemWriter:
         w = FileSystemWriter(work / name, single_file_per_rank=True, sync_files=True, thread_count=4, overwrite=True)
         if mode.endswith("nice"):
-            w.fs = _nice_filesystem()
+            w.fs = NiceFileSystem()
         return w
 
     rate(1.0)  # warm-up

@@ -42,7 +42,6 @@ from __future__ import annotations
 import gc
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -122,11 +121,13 @@ class Offline:
         shutil.rmtree(out)
         return seconds, read
 
-    def start_up_reads(self) -> int:
-        """Bytes an interpreter reads to import what the command imports, with no data."""
+    def start_up(self) -> tuple[float, int]:
+        """Seconds and bytes read of an interpreter that imports what the command imports (torch,
+        DCP, the CLI and the copy's modules) and does nothing else: the floor of any command."""
         before = read_chars()
-        subprocess.run([sys.executable, "-c", "import torch, torch.distributed.checkpoint, ckpt_tool.cli.main"], check=True)
-        return read_chars() - before
+        imports = "import torch, torch.distributed.checkpoint, ckpt_tool.cli.main, ckpt_tool.entrypoints.reshard"
+        seconds, _ = common.time_command([sys.executable, "-c", imports])
+        return seconds, read_chars() - before
 
     def reference(self) -> tuple[float, dict[str, float]]:
         import torch.distributed.checkpoint as dcp
@@ -151,24 +152,27 @@ def measure_offline(work: Path, state_bytes: float, reps: int) -> dict[str, Any]
     common.log("(a) warm-up: the reference and the command once (first-call costs, page cache)")
     off.reference()
     off.command()
-    variants = ["reference", "command", "per_rank"]
+    variants = ["reference", "command", "per_rank", "start_up"]
     times: dict[str, list[float]] = {v: [] for v in variants}
-    reads: dict[str, list[int]] = {"command": [], "per_rank": []}
+    reads: dict[str, list[int]] = {"command": [], "per_rank": [], "start_up": []}
     ref_split: list[dict[str, float]] = []
     for rep in range(reps):
-        for variant in variants[rep % 3 :] + variants[: rep % 3]:
+        for variant in variants[rep % 4 :] + variants[: rep % 4]:
             if variant == "reference":
                 seconds, split = off.reference()
                 ref_split.append(split)
+            elif variant == "start_up":
+                seconds, read = off.start_up()
+                reads[variant].append(read)
             else:
                 seconds, read = off.command(*(["--per-rank"] if variant == "per_rank" else []))
                 reads[variant].append(read)
             times[variant].append(seconds)
         common.log(f"(a) rep {rep + 1}/{reps}: " + ", ".join(f"{v} {times[v][-1]:.2f} s" for v in variants))
-    nbytes, start_up = off.nbytes, off.start_up_reads()
+    nbytes = off.nbytes
     del off
     gc.collect()
-    return {"bytes": nbytes, "times": times, "reads": reads, "start_up_reads": start_up, "reference_split": ref_split}
+    return {"bytes": nbytes, "times": times, "reads": reads, "reference_split": ref_split}
 
 
 # ----------------------------------------------------------------------------- (b)
@@ -250,6 +254,24 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
         stats = Stats.of(a["times"][variant])
         target, met = common.at_most(stats.median / ref.median, TARGET) if variant == "command" else ("-", None)
         result.rows.append(Row(label, stats.fmt(2, "s"), reference, round(stats.median / ref.median, 3), target, met))
+    floor = Stats.of(a["times"]["start_up"])
+    net = Stats.of([c - f for c, f in zip(a["times"]["command"], a["times"]["start_up"], strict=True)])
+    result.rows.append(
+        Row(
+            "(a) the one-process command less an interpreter's start-up and imports (info)",
+            net.fmt(2, "s"),
+            reference,
+            round(net.median / ref.median, 3),
+        )
+    )
+    result.rows.append(
+        Row(
+            "(a) start-up alone: an interpreter importing torch, DCP and ckpt_tool (info)",
+            floor.fmt(2, "s"),
+            reference,
+            round(floor.median / ref.median, 3),
+        )
+    )
     for variant, label in (("command", "one process"), ("per_rank", "--per-rank, info")):
         per_byte = statistics.median(r / a["bytes"] for r in a["reads"][variant])
         target, met = common.at_most(per_byte, RCHAR_TARGET) if variant == "command" else ("-", None)
@@ -280,7 +302,7 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
     )
     result.notes.append(
         "(a) bytes read = rchar of /proc/self/io around the command (every process of it, reaped): the source files, "
-        f"plus what the interpreters read to start (one interpreter importing torch and ckpt_tool reads {a['start_up_reads'] / 1e6:.0f} MB; "
+        f"plus what the interpreters read to start (one interpreter importing torch and ckpt_tool reads {statistics.median(a['reads']['start_up']) / 1e6:.0f} MB; "
         "the one-process command runs 1, --per-rank runs 4: the CLI, torchrun and 2 ranks). --per-rank: each rank opens every "
         "source file (each tensor was saved as one chunk and each rank needs half of its rows) and the hash check reads a file whole"
     )

@@ -10,8 +10,9 @@ rotated between repetitions so drift on this shared machine hits every variant a
   DCP write with fsync, xxh3-128 hashes of the files, per-rank JSON, manifest, commit, LATEST.
   The parameters carry gradients (as after backward), like a loop that saves before zero_grad;
 * "no grads": the default io_threads with every ``param.grad`` None (a loop that saves after
-  ``zero_grad()``): torch's ``get_state_dict`` then initialises the stateless SGD on each call
-  (``zeros_like`` of every parameter + a step with lr=0). Shown for information.
+  ``zero_grad()``): the stateless SGD's state is then built on each call (torch does it with a
+  ``zeros_like`` of every parameter + a step with lr=0; ckpt_tool since #15 with stride-0 zero
+  gradients, ``training.torch_state``). Shown for information.
 
 Retention is off and the previous checkpoint is deleted between runs, outside the timing; dirty
 pages are flushed before each run. Each manager saves once untimed first (first-call costs).
@@ -72,8 +73,8 @@ def hash_files_owner() -> Any:
 def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
-    import ckpt_tool.training.saver as saver_module
     from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.training import torch_state
     from ckpt_tool.training.config import DEFAULT_IO_THREADS as CONFIGURED
 
     assert CONFIGURED == DEFAULT_IO_THREADS, f"the configured default is {CONFIGURED}: update this benchmark"
@@ -93,7 +94,8 @@ def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
         phases.wrap(hash_files_owner(), "hash_files", "hash"),
         phases.wrap(CheckpointStore, "commit", "commit"),
         phases.wrap(os, "fsync", "fsync_thread_s"),
-        phases.wrap(saver_module, "get_state_dict", "get_state_dict"),
+        phases.wrap(torch_state, "build_optimizer_state", "get_state_dict"),
+        phases.wrap(torch_state, "get_state_dict", "get_state_dict"),
     ):
         for n, mgr in managers.items():
             common.log(f"warm-up save, {n}")

@@ -184,6 +184,11 @@ def reshard(
 
     if in_place and out_dir is not None:
         raise CkptError("--in-place and --out exclude each other", "give one of them", ExitCode.USAGE)
+    if one_process is not None and out_dir is None:
+        flag = "--one-process" if one_process else "--per-rank"
+        raise CkptError(
+            f"{flag} says how the --out copy is written, and no --out was given", f"add --out DIR2, or drop {flag}", ExitCode.USAGE
+        )
     store = open_checkpoints(directory)
     if out_dir is not None:
         _check_out_dir(directory, out_dir)

@@ -88,6 +88,14 @@ def test_prune_validates_before_deleting_when_nobody_knows_latest_is_damaged(ckp
     assert rows == {15: "validated", 20: "invalid"}
 
 
+@pytest.mark.parametrize("flag", ["--one-process", "--per-rank"])
+def test_reshard_copy_flags_without_out_are_refused(ckpt, capsys, flag):
+    before = snapshot(ckpt)
+    code, _, err = cli(capsys, "reshard", ckpt, "--world-size", "1", flag)
+    assert code == 2 and f"{flag} says how the --out copy is written" in err and "add --out DIR2" in err
+    assert snapshot(ckpt) == before
+
+
 @pytest.mark.parametrize("where", ["source", "inside", "parent", "file", "not-empty"])
 def test_reshard_out_refuses_the_source_and_places_it_could_damage(ckpt, capsys, tmp_path, where):
     out = {"source": ckpt, "inside": ckpt / "resharded", "parent": ckpt.parent, "file": tmp_path / "f", "not-empty": tmp_path / "used"}[
