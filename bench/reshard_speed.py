@@ -256,22 +256,11 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
         result.rows.append(Row(label, stats.fmt(2, "s"), reference, round(stats.median / ref.median, 3), target, met))
     floor = Stats.of(a["times"]["start_up"])
     net = Stats.of([c - f for c, f in zip(a["times"]["command"], a["times"]["start_up"], strict=True)])
-    result.rows.append(
-        Row(
-            "(a) the one-process command less an interpreter's start-up and imports (info)",
-            net.fmt(2, "s"),
-            reference,
-            round(net.median / ref.median, 3),
-        )
-    )
-    result.rows.append(
-        Row(
-            "(a) start-up alone: an interpreter importing torch, DCP and ckpt_tool (info)",
-            floor.fmt(2, "s"),
-            reference,
-            round(floor.median / ref.median, 3),
-        )
-    )
+    for label, stats in (
+        ("(a) the one-process command less an interpreter's start-up and imports (info)", net),
+        ("(a) start-up alone: an interpreter importing torch, DCP and ckpt_tool (info)", floor),
+    ):
+        result.rows.append(Row(label, stats.fmt(2, "s"), reference, round(stats.median / ref.median, 3)))
     for variant, label in (("command", "one process"), ("per_rank", "--per-rank, info")):
         per_byte = statistics.median(r / a["bytes"] for r in a["reads"][variant])
         target, met = common.at_most(per_byte, RCHAR_TARGET) if variant == "command" else ("-", None)

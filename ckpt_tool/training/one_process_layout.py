@@ -109,10 +109,6 @@ def write_layout(flat: dict[str, Any], mappings: dict[str, Any], world: int, wri
     """DCP's save protocol (plan on every rank, global plan and metadata on rank 0, write, finish)
     for ``world`` virtual ranks in this process; ``flat`` holds the whole state, keyed as DCP
     flattens it. Returns the metadata written. Run inside ``HashingFileSystem.writers_settled``."""
-    return _write_layout(flat, mappings, world, writer)
-
-
-def _write_layout(flat: dict[str, Any], mappings: dict[str, Any], world: int, writer: FileSystemWriter) -> Metadata:
     planners = [_RankPlanner(flat, mappings, rank, world) for rank in range(world)]
     local_plans = []
     for rank, planner in enumerate(planners):
