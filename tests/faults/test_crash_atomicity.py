@@ -26,7 +26,7 @@ from ckpt_tool.supervise.processes import kill_tree
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 TRIALS = int(
-    os.environ.get("CKPT_FAULT_TRIALS", "6")
+    os.environ.get("CKPT_FAULT_TRIALS", "4")
 )  # 20 before #13 (SLURM tests), 16 before #14 (4-rank TP tests), 12 before #15: `make test` stays under 30 min; `make bench-long` runs 200
 
 

@@ -152,19 +152,24 @@ def test_offline_reshard_out_is_bit_identical_and_resumable(four_rank_checkpoint
         for k, v in flat_src.items():
             assert torch.equal(v, flat_dst[k]) if isinstance(v, torch.Tensor) else v == flat_dst[k], k
     # #15: written by the command's own process (the default here), the files hold the chunks 3
-    # ranks write (--per-rank), each rank's rows in its own files, and torch's own
-    # dcp_to_torch_save reads them back to the source's tensors
-    per_rank = tmp_path / "per-rank"
-    proc = ckpt_cli("reshard", four_rank_checkpoint, "--world-size", "3", "--out", per_rank, "--per-rank")
-    assert proc.returncode == 0, proc.stderr
-    one, ranks = (FileSystemReader(str(d / "step_00000020")).read_metadata() for d in (out, per_rank))
-    assert one.state_dict_metadata == ranks.state_dict_metadata and one.planner_data == ranks.planner_data
-    assert set(one.storage_data) == set(ranks.storage_data)  # the same chunks of the same tensors
+    # ranks write: each sharded tensor split as Shard(0) splits it over 3 ranks, each rank's rows
+    # in its own files; torch's own dcp_to_torch_save reads them back to the source's tensors
+    one = FileSystemReader(str(out / "step_00000020")).read_metadata()
+    source = FileSystemReader(str(four_rank_checkpoint / "step_00000020")).read_metadata()
+    assert {k: v.size for k, v in one.state_dict_metadata.items() if hasattr(v, "size")} == {
+        k: v.size for k, v in source.state_dict_metadata.items() if hasattr(v, "size")
+    }
     sharded = [(i, info) for i, info in one.storage_data.items() if i.fqn.startswith(("model.", "optim.state.")) and i.offset]
     assert sharded
+    chunks: dict[str, set[tuple[int, int]]] = {}
     for index, info in sharded:
         rows = one.state_dict_metadata[index.fqn].size[0]
-        assert layout.rank_of_file(info.relative_path) == index.offset[0] // -(-rows // 3), index  # Shard(0): ceil(rows/3) per rank
+        per_rank = -(-rows // 3)  # Shard(0): ceil(rows / 3) rows per rank
+        assert layout.rank_of_file(info.relative_path) == index.offset[0] // per_rank, index
+        chunks.setdefault(index.fqn, set()).add((index.offset[0], rows))
+    for fqn, starts in chunks.items():
+        rows = next(r for _, r in starts)
+        assert {o for o, _ in starts} == {r * -(-rows // 3) for r in range(3) if r * -(-rows // 3) < rows}, fqn
     dcp_to_torch_save(out / "step_00000020", tmp_path / "copy.pt")
     copied = dict(_flatten(torch.load(tmp_path / "copy.pt", weights_only=True)))
     assert copied.keys() == dict(_flatten(src)).keys()
