@@ -347,7 +347,7 @@ def test_errors_inside_torchrun_keep_their_exit_code_and_message(ckpt, capsys, t
     code, _, err = cli(capsys, "verify", ckpt, "--nproc", "2", "--entry", "json:dumps")
     assert code == 2 and "failed when called as dumps(world_size=2" in err and "under torchrun failed" not in err
     flip_bit(shard(ckpt, 20))
-    code, _, err = cli(capsys, "reshard", ckpt, "--world-size", "1", "--out", tmp_path / "r")
+    code, _, err = cli(capsys, "reshard", ckpt, "--world-size", "1", "--out", tmp_path / "r", "--per-rank")
     assert code == 1 and "does not match the manifest" in err
     assert not (tmp_path / "r" / layout.LATEST_NAME).exists()
 

@@ -147,7 +147,9 @@ def full_state(directory: Path) -> dict:
 
 def test_offline_reshard_between_meshes_copies_parameters_bit_for_bit(reference, tmp_path):
     out = tmp_path / "tp2x1"
-    proc = ckpt_cli("reshard", reference / "ckpt", "--world-size", "2", "--tp", "2", "--out", out, "--json")
+    proc = ckpt_cli(
+        "reshard", reference / "ckpt", "--world-size", "2", "--tp", "2", "--out", out, "--per-rank", "--json"
+    )  # the torchrun path (test_reshard.py tests the one-process copy)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["mesh"] == {"old": "dp_shard=2,tp=2", "new": "dp_shard=1,tp=2"}
