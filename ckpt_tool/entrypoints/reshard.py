@@ -40,7 +40,7 @@ from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_entries, commit_staged, staged_entries
 from ckpt_tool.training.config import DEFAULT_IO_THREADS
 from ckpt_tool.training.distributed import init_distributed
-from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
 from ckpt_tool.training.one_process_layout import empty_targets, flatten_loaded, write_layout
 from ckpt_tool.training.rank_state import read_rank_state
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
@@ -76,10 +76,7 @@ class _Copy:
         return state_codec.dumps(read_rank_state(self.path, self.verify_fs, rank, self.report.new_mesh, self.manifest.layout))
 
     def writer(self, partial: Path) -> tuple[FileSystemWriter, HashingFileSystem]:
-        writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=DEFAULT_IO_THREADS, overwrite=True)
-        run_id, step = self.manifest.run_id, self.step
-        writer.fs = fs = HashingFileSystem(lambda n: binding_seed(run_id, step, n))  # hashes as it writes
-        return writer, fs
+        return hashing_writer(partial, self.manifest.run_id, self.step, DEFAULT_IO_THREADS)
 
     def make_manifest(self, files: tuple[FileEntry, ...]) -> Manifest:
         lineage = (

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from ckpt_tool.core.manifest import FileEntry
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.checksums import FileDigest
+from ckpt_tool.store.checksums import FileDigest, binding_seed
 
 FILE_MODE = 0o644
 _TMP_SUFFIX = ".tmp"  # DCP writes .metadata as .metadata.tmp, then renames it
@@ -166,3 +167,11 @@ class HashingFileSystem(FileSystem):
         digest = self.written.pop(Path(path).name, None)
         if digest is not None:
             self.written[Path(new_path).name] = digest
+
+
+def hashing_writer(partial: Path, run_id: str, step: int, threads: int) -> tuple[FileSystemWriter, HashingFileSystem]:
+    """DCP's writer for a staged checkpoint (``threads`` files per rank, fsync) through a
+    ``HashingFileSystem`` that hashes every file as it is written, seeded for ``run_id``/``step``."""
+    writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=threads, overwrite=True)
+    writer.fs = fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))
+    return writer, fs

@@ -20,20 +20,18 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_staged
 from ckpt_tool.training.config import CheckpointConfig
-from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
 from ckpt_tool.training.heartbeat import Heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.rank_state import TrainingState
@@ -98,9 +96,7 @@ class Saver:
         except OSError as exc:
             self.handle_error(self._failed(step, exc))
             return
-        writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=self.config.io_threads, overwrite=True)
-        run_id = self.run_id
-        writer.fs = fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))  # hashes as it writes
+        writer, fs = hashing_writer(partial, self.run_id, step, self.config.io_threads)  # hashes as it writes
         commit_args = (fs, step, rank_json, probe, time.time(), self.env())
         if self.config.async_save:
             response = dcp.async_save(
