@@ -147,7 +147,9 @@ def test_scancel_stops_the_job_for_good_after_a_checkpoint(slurm, tmp_path, canc
     time.sleep(3)  # a requeued job would show up again as PENDING
     assert job.state() == "", job.output()[-2000:]
     out = job.output()
-    assert "not requeuing" in out and "requeuing (restart" not in out, out[-3000:]
+    # The trap logs the decision at the TERM; the script's closing line may be cut by the SIGKILL
+    # that follows KillWait (5 s here) on a loaded machine, so only the trap's line is required.
+    assert "TERM from scancel" in out and "not requeuing" in out and "requeuing (restart" not in out, out[-3000:]
     events = [json.loads(line)["event"] for line in (job.run_dir / "events.jsonl").read_text().splitlines()]
     assert "cancelled" in events and "requeue" not in events
     store = CheckpointStore(job.ckpt)
