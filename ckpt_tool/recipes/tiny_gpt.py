@@ -21,6 +21,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -122,6 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--keep-every", type=int)
     p.add_argument("--save-delay", type=float, default=0.0, help="test hook: seconds of extra delay between writing and committing a save")
+    p.add_argument(
+        "--save-delay-at", type=int, action="append", default=[], help="with --save-delay: delay only the saves of these steps (repeatable)"
+    )
     return p.parse_args(argv)
 
 
@@ -138,6 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     finally:
         dist.destroy_process_group()
+
+
+def save_delay_hook(args: argparse.Namespace) -> Callable[[int], None] | None:
+    """Test hook: --save-delay seconds before the commit of every save, or of the --save-delay-at steps."""
+    if not args.save_delay:
+        return None
+
+    def delay(step: int) -> None:
+        if not args.save_delay_at or step in args.save_delay_at:
+            time.sleep(args.save_delay)
+
+    return delay
 
 
 def train(args: argparse.Namespace, rank: int, world: int) -> int:
@@ -175,7 +191,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         batch=requested,
         mesh=dm,
         must_divide={"tp": c.tp_limits()},
-        before_commit=(lambda step: time.sleep(args.save_delay)) if args.save_delay else None,
+        before_commit=save_delay_hook(args),
     )
     start = manager.resume() or 0
     batch = manager.batch  # after a resume at another world size: the reshard plan (same global batch)

@@ -15,7 +15,8 @@ CASES = {
     # name: (recipe arguments, attempts, LATEST right after the first crash, steps re-run after crashes)
     "before-first-save": (("--crash-at-step", "3"), 2, {None}, 2),
     "right-after-a-save": (("--crash-at-step", "11"), 2, {10}, 0),
-    "mid-async-save": (("--async-save", "--save-delay", "4", "--crash-at-step", "12"), 2, {5}, 6),
+    # step 10's save is slowed down (only it: the others need not wait) so the crash comes during it
+    "mid-async-save": (("--async-save", "--save-delay", "4", "--save-delay-at", "10", "--crash-at-step", "12"), 2, {5}, 6),
     # each crash may come before or after the preceding async commit: the re-run count varies
     "two-crashes-async": (("--async-save", "--crash-at-step", "7", "--crash-at-step", "33"), 3, {None, 5}, None),
 }

@@ -1,15 +1,17 @@
 """Resuming at another world size (real torchrun, gloo, FSDP2, the reference recipe).
 
-For each case a run at the original world size is crashed after a checkpoint and resumed at the
-new one. The global batch is unchanged, every sample of the epoch is consumed exactly once
-across the switch, and the losses after the resume match an uninterrupted run at the original
-world size within a tolerance (the reduction order differs, so bits differ; the max absolute
-difference is printed).
+For each case an uninterrupted run at the original world size is taken back to an earlier
+checkpoint (``ckpt rollback``: a job that died after it) and resumed at the new world size. The
+global batch is unchanged, every sample of the epoch is consumed exactly once across the switch,
+and the losses after the resume match the uninterrupted run's within a tolerance (the reduction
+order differs, so bits differ; the max relative difference is printed). SIGKILL and resume at the
+same size: test_exact_resume.py.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +29,7 @@ from ckpt_tool.store.store import CheckpointStore
 
 pytestmark = pytest.mark.slow
 
-STEPS, SAVE_EVERY, CRASH_AT = 20, 5, 12
+STEPS, SAVE_EVERY = 20, 5
 LOSS_TOLERANCE = 1e-5  # relative; measured here: 0 (2->1), 9.4e-8 (1->2), 6.3e-8 (4->3)
 
 
@@ -37,7 +39,19 @@ def launch(root: Path, name: str, nproc: int, batch_args: tuple[str, ...], *extr
     # comparison would measure dropout noise, not the arithmetic. One thread per rank at every size
     # (torchrun pins it only with several ranks per node).
     args = recipe_args(
-        ckpt, metrics, STEPS, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", *batch_args, "--log-samples", str(root / "samples"), *extra
+        ckpt,
+        metrics,
+        STEPS,
+        SAVE_EVERY,
+        *FAST_ARGS,
+        "--dropout",
+        "0",
+        "--keep-last",
+        "4",
+        *batch_args,
+        "--log-samples",
+        str(root / "samples"),
+        *extra,
     )
     return run(torchrun_command(nproc, args), root / f"{name}.log", timeout=300, env={"OMP_NUM_THREADS": "1"}), metrics
 
@@ -69,17 +83,18 @@ CASES = {
 def test_resume_at_another_world_size(tmp_path, case, request):
     old, new, batch_args = CASES[case]
     root = tmp_path / "switched"
-    root.mkdir()
-    if case == "4-to-3":  # the module's uninterrupted 4-rank run (same arguments) is the reference
-        ref_metrics = request.getfixturevalue("four_rank_checkpoint").parent / "m.jsonl"
+    if case == "4-to-3":  # the module's uninterrupted 4-rank run (same arguments)
+        shutil.copytree(request.getfixturevalue("four_rank_checkpoint").parent, root)
     else:
-        ref_root = tmp_path / "reference"
-        ref_root.mkdir()
-        code, ref_metrics = launch(ref_root, "m", old, batch_args)
-        assert code == 0, (ref_root / "m.log").read_text()[-3000:]
-    code, _ = launch(root, "m", old, batch_args, "--crash-at-step", str(CRASH_AT))
-    assert code != 0
-    code, metrics = launch(root, "m", new, batch_args, "--crash-at-step", str(CRASH_AT))
+        root.mkdir()
+        code, _ = launch(root, "m", old, batch_args)
+        assert code == 0, (root / "m.log").read_text()[-3000:]
+    # The uninterrupted run at the old world size is the reference; its job died after step 10's
+    # checkpoint (as in a crash, LATEST goes back to 10) and the same command goes on at the new one.
+    ref_metrics = (root / "m.jsonl").rename(root / "reference.jsonl")
+    rolled = ckpt_cli("rollback", root / "ckpt", "--to", "10")
+    assert rolled.returncode == 0, rolled.stderr
+    code, metrics = launch(root, "m", new, batch_args)
     assert code == 0, (root / "m.log").read_text()[-3000:]
 
     store = CheckpointStore(root / "ckpt")
@@ -107,7 +122,7 @@ def test_resume_at_another_world_size(tmp_path, case, request):
     # the trajectory after the switch stays on the original world size's within tolerance
     ref = {m.step: m for m in read_metrics(ref_metrics)}
     resumed = {m.step: m for m in read_metrics(metrics)}
-    assert all(resumed[s] == ref[s] for s in range(1, 11))  # before the checkpoint: same world size, bit-identical
+    assert sorted(resumed) == list(range(11, STEPS + 1))
     worst = max(abs(resumed[s].loss - ref[s].loss) / abs(ref[s].loss) for s in range(11, STEPS + 1))
     print(f"{case}: max relative loss difference after the reshard {worst:.3g}")
     assert worst < LOSS_TOLERANCE
@@ -117,7 +132,7 @@ def test_resume_at_another_world_size(tmp_path, case, request):
 @pytest.fixture(scope="module")
 def four_rank_checkpoint(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("four")
-    code, _ = launch(root, "m", 4, CASES["4-to-3"][2])  # also the reference run of the 4-to-3 case
+    code, _ = launch(root, "m", 4, CASES["4-to-3"][2])  # also the source and reference of the 4-to-3 case
     assert code == 0, (root / "m.log").read_text()[-3000:]
     return root / "ckpt"
 
@@ -208,33 +223,21 @@ def test_bad_reshard_requests_are_refused_with_reason_and_options(four_rank_chec
     assert not (tmp_path / "x").exists()
 
 
-def test_in_place_plan_is_recorded_and_used_at_resume(four_rank_checkpoint, tmp_path):
-    import shutil
-
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(four_rank_checkpoint, ckpt)
-    proc = ckpt_cli("reshard", ckpt, "--world-size", "2", "--micro-batch", "2", "--in-place", "--json")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["new"] == {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}
-    assert CheckpointStore(ckpt).read_manifest(STEPS).lineage[-1]["event"] == "reshard_plan"
-    args = recipe_args(ckpt, tmp_path / "m.jsonl", STEPS + 5, SAVE_EVERY, *FAST_ARGS, "--dropout", "0", "--global-batch", "12")
-    assert run(torchrun_command(2, args), tmp_path / "resume.log", timeout=300, env={"OMP_NUM_THREADS": "1"}) == 0
-    assert CheckpointStore(ckpt).read_manifest(STEPS + 5).batch.micro_batch == 2  # the recorded plan, not the default
-
-
 @pytest.mark.parametrize("recorded", [False, True])
 def test_recover_the_dry_run_and_the_resume_use_one_plan(four_rank_checkpoint, tmp_path, recorded):
     """What `ckpt recover` reports (recover.json) is what the training then does. The run's own
     arguments (--global-batch 12 alone) would derive another split at 2 ranks (micro-batch 6 x 1);
     a micro-batch the command does not give is no wish: the plan keeps the saved micro-batch
-    (3 x 2) or the recorded one (2 x 3), and the resume follows it. (A command that gives another
-    --micro-batch is a wish the resume honours, #13: tests/unit/test_reshard.py.)"""
-    import shutil
-
+    (3 x 2) or the one `ckpt reshard --in-place` recorded (2 x 3), and the resume follows it. (A
+    command that gives another --micro-batch is a wish the resume honours, #13:
+    tests/unit/test_reshard.py.)"""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(four_rank_checkpoint, ckpt)
-    if recorded:
-        assert ckpt_cli("reshard", ckpt, "--world-size", "2", "--micro-batch", "2", "--in-place").returncode == 0
+    if recorded:  # `ckpt reshard --in-place` records a plan in the checkpoint's lineage
+        proc = ckpt_cli("reshard", ckpt, "--world-size", "2", "--micro-batch", "2", "--in-place", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["new"] == {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}
+        assert CheckpointStore(ckpt).read_manifest(STEPS).lineage[-1]["event"] == "reshard_plan"
     expected = (
         {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}
         if recorded

@@ -103,16 +103,6 @@ def test_usr1_checkpoints_requeues_and_resumes_bit_identical(slurm, reference_ru
     assert status["newest_checkpoint"] == STEPS
 
 
-def test_crash_inside_the_job_restarts_in_the_allocation(slurm, reference_run, tmp_path, cancel_jobs):
-    job = Job(tmp_path, "--crash-at-step", "12")
-    cancel_jobs.append(job)
-    job.wait_done()
-    assert "restart=1" not in job.output() and "training finished" in job.output()
-    events = [json.loads(line)["event"] for line in (job.run_dir / "events.jsonl").read_text().splitlines()]
-    assert "restarted" in events and "requeue" not in events
-    assert_identical(reference_run, job)
-
-
 def test_damaged_newest_checkpoint_at_requeue_is_rolled_back(slurm, reference_run, tmp_path, cancel_jobs):
     job = Job(tmp_path)
     cancel_jobs.append(job)
