@@ -14,6 +14,8 @@ Each repetition runs, in an order rotated between repetitions:
   saved ones after each run (outside the timing);
 * resume cold with ``validate_on_resume=False``, for information (in versions that hash while
   loading, this skips only the structure check);
+* resume cold reading 1 and 2 files at once (``io_threads``; the default 4 is ``resume cold``):
+  the reader's thread count, picked by this measurement (#15);
 * dcp cold: torch's own path on the same files and target, what a script without ckpt-tool does:
   ``get_state_dict``, ``dcp.load`` (``FileSystemReader``, no hash check), ``set_state_dict``.
 
@@ -42,10 +44,13 @@ from typing import Any
 import common
 from common import GB, PhaseTimer, Result, Row, Stats
 
+from ckpt_tool.training.config import DEFAULT_IO_THREADS
+
 TARGET = 0.6  # resume cold / raw cold read (#15)
 DCP_TARGET = 1.5  # resume cold throughput / plain dcp.load cold throughput (#15)
 RSS_TARGET = 64 << 20  # peak RSS resume() adds beyond the state (#15)
-VARIANTS = ("raw_cold", "resume_cold", "dcp_cold", "raw_warm", "resume_warm", "resume_cold_no_validate")
+VARIANTS = ("raw_cold", "resume_cold", "dcp_cold", "raw_warm", "resume_warm", "resume_cold_no_validate", "resume_cold_1t", "resume_cold_2t")
+READER_THREADS = {"resume_cold_1t": 1, "resume_cold_2t": 2, "resume_cold": DEFAULT_IO_THREADS}  # files read at once
 
 
 class Loader:
@@ -81,12 +86,12 @@ class Loader:
         assert nread == self.nbytes
         return seconds
 
-    def resume(self, cold: bool, validate: bool) -> tuple[float, dict[str, float]]:
+    def resume(self, cold: bool, validate: bool, threads: int = DEFAULT_IO_THREADS) -> tuple[float, dict[str, float]]:
         with self.torch.no_grad():
             for p in self.target.parameters():
                 p.zero_()
         optimizer = common.make_optimizer(self.target, grads=False)
-        mgr = common.manager(self.directory, self.target, optimizer, validate_on_resume=validate)
+        mgr = common.manager(self.directory, self.target, optimizer, validate_on_resume=validate, io_threads=threads)
         self.prepare(cold)
         self.phases.take()
         before, reset = common.rss_bytes(), common.reset_peak_rss()
@@ -132,6 +137,8 @@ class Loader:
             "resume_warm": lambda: self.resume(cold=False, validate=True),
             "resume_cold_no_validate": lambda: self.resume(cold=True, validate=False),
             "dcp_cold": lambda: (self.dcp(), None),
+            "resume_cold_1t": lambda: self.resume(cold=True, validate=True, threads=1),
+            "resume_cold_2t": lambda: self.resume(cold=True, validate=True, threads=2),
         }
         return runs[variant]()
 
@@ -209,6 +216,21 @@ def report(loader: Loader, times: dict[str, list[float]], phases: dict[str, list
             raw_cold,
             round(no_hash.median / tput["raw_cold"].median, 3),
         )
+    )
+    fastest = max(READER_THREADS, key=lambda v: tput[v].median)
+    for variant, threads in sorted(READER_THREADS.items(), key=lambda item: item[1]):
+        chosen = " (the default)" if threads == DEFAULT_IO_THREADS else ""
+        result.rows.append(
+            Row(
+                f"resume() cold, {threads} file(s) read at once{chosen}",
+                tput[variant].fmt(2, "GB/s"),
+                raw_cold,
+                round(tput[variant].median / tput["raw_cold"].median, 3),
+            )
+        )
+    result.notes.append(
+        f"reader threads: the fastest median in this run is {READER_THREADS[fastest]} file(s) at once; "
+        f"the default (io_threads={DEFAULT_IO_THREADS}) is {tput['resume_cold'].median / tput[fastest].median:.2f} of it"
     )
     for variant in (v for v in VARIANTS if v.startswith("resume")):
         result.notes.append(phase_note(variant, *common.median_run(times[variant], phases[variant])))
