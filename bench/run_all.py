@@ -27,6 +27,7 @@ SCRIPTS = (
     "save_throughput",
     "async_blocked",
     "async_modes",
+    "async_floor",
     "load_throughput",
     "lookup",
     "memory",
