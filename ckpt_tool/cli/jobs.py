@@ -235,12 +235,17 @@ def recover(
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Where the decision is written (recover.json, events.jsonl)."),
     world_size: int | None = typer.Option(None, "--world-size", min=1, help="Ranks of this allocation."),
     nodes: int | None = typer.Option(None, "--nodes", min=1, help="Nodes of this allocation (reported with the plan)."),
+    full: bool = typer.Option(
+        False,
+        "--full",
+        help="Also hash every file here (reads the whole checkpoint on this node; the ranks hash their files as they load anyway).",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Once per (re)start, before training: validate the newest checkpoint, roll back if damaged, check the world size."""
+    """Once per (re)start, before training: check the newest checkpoint's structure, roll back if damaged, check the world size."""
     from ckpt_tool.ops.recover import recover as do_recover
 
-    decision = do_recover(ckpt_dir, world_size, run_dir, nodes)
+    decision = do_recover(ckpt_dir, world_size, run_dir, nodes, full)
     if as_json:
         print_json(decision.to_json())
         return
@@ -253,7 +258,10 @@ def recover(
         out.print(
             f"[yellow]rolled back[/] from {human(decision.rolled_back_from)} to step {decision.step}; quarantined {human(list(decision.quarantined))}"
         )
-    out.print(f"resume from step {decision.step} (saved by {decision.saved_world_size} ranks; checked in {decision.seconds:.2f} s)")
+    checked = f"{'hashes' if decision.hashes_checked else 'structure'} checked in {decision.seconds:.2f} s"
+    if not decision.hashes_checked:
+        checked += "; the ranks hash the files as they load"
+    out.print(f"resume from step {decision.step} (saved by {decision.saved_world_size} ranks; {checked})")
     if decision.reshard is not None:
         old, new = decision.reshard["old"], decision.reshard["new"]  # type: ignore[index]
         if decision.nodes is not None:

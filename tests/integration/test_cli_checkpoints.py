@@ -267,14 +267,25 @@ def test_recover_decides_resume_rollback_and_reshard(ckpt, capsys, tmp_path):
     run_dir = tmp_path / "run"
     code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "2", "--run-dir", run_dir, "--json")
     decision = json.loads(out)
-    assert (code, decision["action"], decision["step"], decision["reshard"]) == (0, "resume", 20, None)
+    assert (code, decision["action"], decision["step"], decision["reshard"], decision["hashes_checked"]) == (0, "resume", 20, None, False)
+    # A flipped bit keeps every size: the structure check at the start does not read the data, the
+    # ranks' load-time hash check finds it (tests/slurm: every rank falls back together)...
     flip_bit(shard(ckpt, 20))
-    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "1", "--run-dir", run_dir, "--json")
+    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "2", "--json")
+    assert (code, json.loads(out)["step"], json.loads(out)["rolled_back_from"]) == (0, 20, None)
+    # ...and --full hashes every file here, as before
+    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "1", "--run-dir", run_dir, "--json", "--full")
     decision = json.loads(out)
-    assert (decision["step"], decision["rolled_back_from"], decision["quarantined"]) == (15, 20, [20])
+    assert (decision["step"], decision["rolled_back_from"], decision["quarantined"], decision["hashes_checked"]) == (15, 20, [20], True)
     assert decision["reshard"]["new"] == {"micro_batch": 8, "grad_accum": 2, "dp_size": 1, "global_batch": 16}
     assert json.loads((run_dir / "recover.json").read_text()) == decision
     assert [e for e in (run_dir / "events.jsonl").read_text().splitlines() if '"recover"' in e]
+    # a file cut short is structure: found without --full
+    path = shard(ckpt, 15)
+    path.write_bytes(path.read_bytes()[:-100])
+    code, out, _ = ckpt_cli(capsys, "recover", ckpt, "--world-size", "2")
+    assert code == 0 and "rolled back from 15 to step 10" in " ".join(out.split()), out
+    assert "structure checked in" in out and "the ranks hash the files as they load" in " ".join(out.split())
     code, _, err = ckpt_cli(capsys, "recover", ckpt, "--world-size", "3")
     assert code == 4 and "cannot be split over 3" in err
 

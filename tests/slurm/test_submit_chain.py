@@ -103,7 +103,11 @@ def test_usr1_checkpoints_requeues_and_resumes_bit_identical(slurm, reference_ru
     assert status["newest_checkpoint"] == STEPS
 
 
-def test_damaged_newest_checkpoint_at_requeue_is_rolled_back(slurm, reference_run, tmp_path, cancel_jobs):
+def test_damaged_newest_checkpoint_at_requeue_is_rolled_back_by_every_rank_together(slurm, reference_run, tmp_path, cancel_jobs):
+    """A bit flipped in rank 1's file of the newest checkpoint while the job waits for its requeue:
+    the sizes are right, so `ckpt recover` (structure only, no data read) keeps it; the ranks' hash
+    check while loading finds it, and every rank (rank 0 read good files) falls back together to
+    the previous checkpoint, which is quarantined once; the run then equals the uninterrupted one."""
     job = Job(tmp_path)
     cancel_jobs.append(job)
     job.wait_for_step(12)
@@ -111,16 +115,20 @@ def test_damaged_newest_checkpoint_at_requeue_is_rolled_back(slurm, reference_ru
     job.wait_for(lambda: "requeuing" in job.output(), "requeue")
     store = CheckpointStore(job.ckpt)
     latest = store.read_latest()
-    shard = store.step_path(latest) / "__0_0.distcp"
+    shard = store.step_path(latest) / "__1_0.distcp"
+    assert shard.exists() and layout.rank_of_file(shard.name) == 1
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0x08
     shard.write_bytes(bytes(raw))
     job.release_when_pending()
     job.wait_done()
     recover = [json.loads(line) for line in (job.run_dir / "events.jsonl").read_text().splitlines() if '"recover"' in line]
-    assert recover[-1]["rolled_back_from"] == latest and recover[-1]["step"] < latest
-    assert not store.step_path(latest).exists() or store.check_files(latest).ok  # quarantined, then re-saved
+    assert (recover[-1]["step"], recover[-1]["rolled_back_from"], recover[-1]["hashes_checked"]) == (latest, None, False)
+    [quarantined] = [e for e in store.events() if e.event == "quarantine"]
+    reason = quarantined.data["reason"]
+    assert quarantined.step == latest and "__1_0.distcp" in reason and "does not match the manifest" in reason, quarantined
     assert any(p.name.startswith(layout.step_dir_name(latest)) for p in store.quarantine_root.iterdir())
+    assert not store.step_path(latest).exists() or store.check_files(latest).ok  # quarantined, then re-saved
     assert "training finished" in job.output()
     assert_identical(reference_run, job)
 
