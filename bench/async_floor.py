@@ -64,14 +64,7 @@ def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     flat = torch.cat([t.reshape(-1) for t in state.values()])
     staged = torch.empty_like(flat)
     view = memoryview(staged.numpy()).cast("B")
-    a, b = torch.randn(384, 384), torch.randn(384, 384)
-
-    def rate(seconds: float) -> float:
-        done, end = 0, time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            torch.mm(a, b)
-            done += 1
-        return done / seconds
+    rate = common.MatmulLoop().rate
 
     def hash_all() -> None:
         h = xxhash.xxh3_64()

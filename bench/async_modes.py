@@ -59,7 +59,6 @@ def one_mode(mode: str, state_bytes: float, saves: int, work: Path) -> dict[str,
     import shutil
     import warnings
 
-    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
@@ -71,14 +70,7 @@ def one_mode(mode: str, state_bytes: float, saves: int, work: Path) -> dict[str,
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(dir=work), 1), rank=0, world_size=1)
     state = common.build_model(state_bytes).state_dict()
-    a, b = torch.randn(384, 384), torch.randn(384, 384)
-
-    def rate(seconds: float) -> float:
-        done, end = 0, time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            torch.mm(a, b)
-            done += 1
-        return done / seconds
+    rate = common.MatmulLoop().rate
 
     def writer(name: str) -> FileSystemWriter:
         w = FileSystemWriter(work / name, single_file_per_rank=True, sync_files=True, thread_count=4, overwrite=True)

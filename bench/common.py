@@ -240,6 +240,24 @@ def settle() -> None:
 
 
 # ----------------------------------------------------------------------------- timing
+class MatmulLoop:
+    """The stand-in for training in the async figures: 384x384 matmuls on torch's default threads."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.a, self.b = torch.randn(384, 384), torch.randn(384, 384)
+
+    def rate(self, seconds: float) -> float:
+        """Matmuls per second over ``seconds`` of computing."""
+        done, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            self.torch.mm(self.a, self.b)
+            done += 1
+        return done / seconds
+
+
 @dataclass(frozen=True)
 class Stats:
     median: float
