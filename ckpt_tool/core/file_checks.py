@@ -1,12 +1,14 @@
-"""Comparing a manifest with what is on disk. Pure: the store gathers sizes and hashes."""
+"""Comparing a manifest with what is on disk, and with its own mesh. Pure: the store gathers sizes and hashes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ckpt_tool.core import layout
 from ckpt_tool.core.layout import MANIFEST_NAME
-from ckpt_tool.core.manifest import FileEntry
+from ckpt_tool.core.manifest import FileEntry, Manifest
+from ckpt_tool.core.mesh import mesh_problems
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,20 @@ def hash_problems(files: tuple[FileEntry, ...], digests: Mapping[str, str]) -> l
         for entry in files
         if entry.path in digests and digests[entry.path] != entry.hash
     ]
+
+
+def mesh_checks(manifest: Manifest) -> list[Problem]:
+    """Every rank of the recorded mesh has its state file listed; the sizes fit the recorded limits."""
+    mesh = manifest.layout
+    listed = {f.path for f in manifest.files}
+    missing = [r for r in range(mesh.world_size) if layout.rank_state_name(r) not in listed]
+    problems = []
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        what = f"mesh {mesh.describe()}: no state file listed for rank {missing[0]}{more}"
+        problems.append(Problem(layout.MANIFEST_NAME, what, f"{mesh.world_size} rank files", f"{mesh.world_size - len(missing)}"))
+    problems += [
+        Problem(layout.MANIFEST_NAME, f"mesh {mesh.describe()} does not fit the model", "sizes that divide the limits", p)
+        for p in mesh_problems(mesh)
+    ]
+    return problems

@@ -1,7 +1,8 @@
 """``ckpt recover``: the one decision taken at every start or requeue of a job, before training.
 
 Newest committed checkpoint (LATEST) -> its structure checked (manifest, every file present with
-its size, DCP metadata safe to read: no data read, the same cost at 8 ranks or 4096) -> if
+its size, the DCP metadata's bytes by hash: no data read, the same cost at 8 ranks or 4096, and
+no torch import) -> if
 damaged, roll back (quarantine, never delete) to the newest valid one -> compare its world size
 with the allocation and, if it changed, check and plan the reshard (refused with the reason when
 the shapes or the global batch do not fit the new size). The content hashes are the ranks': each
@@ -19,13 +20,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ckpt_tool.core import layout
+from ckpt_tool.core.file_checks import mesh_checks
 from ckpt_tool.core.layout import DirectoryKind
-from ckpt_tool.ops.reshard import check_reshard
 from ckpt_tool.ops.rollback import rollback
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import note, read_events
-from ckpt_tool.training.validation import validate_checkpoint
 
 DECISION_NAME = "recover.json"
 
@@ -56,6 +57,18 @@ def _nodes_before(run_dir: Path | None) -> int | None:
     return next((n for n in reversed(recorded) if isinstance(n, int)), None)
 
 
+def usable(store: CheckpointStore, step: int, full: bool = False) -> bool:
+    """The start's check: the structure (manifest, files and sizes, one state file per rank of
+    the mesh) and the DCP metadata's bytes by hash (kilobytes; torch is not imported to decide);
+    ``full`` is ``ckpt validate``'s check: every hash, the metadata unpickled safely."""
+    if full:
+        from ckpt_tool.training.validation import validate_checkpoint
+
+        return validate_checkpoint(store, step).ok
+    result = store.check_files(step, files={layout.DCP_METADATA_NAME})
+    return result.ok and result.manifest is not None and not mesh_checks(result.manifest)
+
+
 def recover(
     ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None = None, nodes: int | None = None, full: bool = False
 ) -> Decision:
@@ -65,13 +78,13 @@ def recover(
     else:
         store = CheckpointStore(ckpt_dir)
         store.require_checkpoint_directory()  # never writes into a directory that is not ours
-        cleanup = tuple(store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(store, s).ok))
+        cleanup = tuple(store.clean_up_after_crash(roll_forward=lambda s: usable(store, s, full=True)))
         latest = store.latest_or_none()
         if latest is None and not store.committed_on_disk():
             decision = Decision("fresh", None, None, (), None, world_size, cleanup, 0.0)
         else:
             step, rolled_from, quarantined = latest, None, ()
-            if latest is None or not validate_checkpoint(store, latest, hashes=full).ok:
+            if latest is None or not usable(store, latest, full):
                 report = rollback(
                     store,
                     auto=False,
@@ -85,7 +98,9 @@ def recover(
             if world_size is not None and saved != world_size:
                 # the allocation changed: check now that the checkpoint can be resumed at this size
                 # (the mesh keeps its model-parallel sizes, shapes, global batch); the training's
-                # resume applies the same plan
+                # resume applies the same plan (the shapes come from the DCP metadata: torch is imported here)
+                from ckpt_tool.ops.reshard import check_reshard
+
                 reshard = check_reshard(store, step, world_size).to_json()
             decision = Decision("resume", step, rolled_from, quarantined, saved, world_size, cleanup, 0.0, reshard)
     decision = Decision(

@@ -8,7 +8,6 @@ from typing import Any
 from ckpt_tool.core.recovery import steps_to_quarantine_on_rollback
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.training.validation import validate_checkpoint
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,8 @@ def check_step(
     damage: that raises (exit 2) rather than judging the step. ``record=False`` (a dry run)
     writes nothing; otherwise a verification result goes to the index, best effort (a note in
     ``notes`` when the directory is read-only)."""
+    from ckpt_tool.training.validation import validate_checkpoint  # torch, for the DCP metadata: only when a step is judged
+
     result = validate_checkpoint(store, step)
     if result.unreadable and not result.problems:
         raise store.permission_denied(store.step_path(step) / result.unreadable[0])

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,9 +231,11 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         threads: int | None = None,
         on_bytes: Callable[[int], None] | None = None,
         hashes: bool = True,
+        files: Collection[str] | None = None,
     ) -> ValidationResult:
-        """Structure and content hashes of one checkpoint; ``ranks`` limits hashing to those ranks'
-        files; ``hashes=False`` checks structure only (a loader that hashes as it reads).
+        """Structure and content hashes of one checkpoint; ``ranks`` and ``files`` (names) limit
+        hashing to those ranks' files or to those files; ``hashes=False`` checks structure only (a
+        loader that hashes as it reads).
 
         Damage is returned as problems. What is not damage is raised: a step that does not exist
         (exit 3), a manifest of a newer format (exit 4), a directory this user may not read
@@ -246,7 +248,11 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             return ValidationResult(step, (Problem(layout.MANIFEST_NAME, "unreadable manifest", "valid manifest", exc.message),), None)
         problems = structure_problems(manifest.files, self.list_entries(step))
         broken = {p.file for p in problems}
-        to_hash = [f for f in manifest.files if hashes and f.path not in broken and (ranks is None or f.rank in ranks)]
+        to_hash = [
+            f
+            for f in manifest.files
+            if hashes and f.path not in broken and (ranks is None or f.rank in ranks) and (files is None or f.path in files)
+        ]
         unreadable: list[str] = []
 
         def on_error(name: str, exc: OSError) -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.file_checks import Problem
-from ckpt_tool.core.manifest import Manifest
-from ckpt_tool.core.mesh import mesh_problems
+from ckpt_tool.core.file_checks import Problem, mesh_checks
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.store import CheckpointStore, ValidationResult
 from ckpt_tool.training.safe_dcp import load_metadata_safely
@@ -47,20 +45,3 @@ def validate_checkpoint(
     except (CkptError, OSError) as exc:
         extra = [Problem(layout.DCP_METADATA_NAME, "DCP metadata unreadable", "DCP Metadata", getattr(exc, "message", str(exc)))]
     return ValidationResult(step, result.problems + tuple(extra), result.manifest, result.unreadable)
-
-
-def mesh_checks(manifest: Manifest) -> list[Problem]:
-    """Every rank of the recorded mesh has its state file listed; the sizes fit the recorded limits."""
-    mesh = manifest.layout
-    listed = {f.path for f in manifest.files}
-    missing = [r for r in range(mesh.world_size) if layout.rank_state_name(r) not in listed]
-    problems = []
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        what = f"mesh {mesh.describe()}: no state file listed for rank {missing[0]}{more}"
-        problems.append(Problem(layout.MANIFEST_NAME, what, f"{mesh.world_size} rank files", f"{mesh.world_size - len(missing)}"))
-    problems += [
-        Problem(layout.MANIFEST_NAME, f"mesh {mesh.describe()} does not fit the model", "sizes that divide the limits", p)
-        for p in mesh_problems(mesh)
-    ]
-    return problems

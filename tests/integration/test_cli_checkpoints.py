@@ -290,6 +290,30 @@ def test_recover_decides_resume_rollback_and_reshard(ckpt, capsys, tmp_path):
     assert code == 4 and "cannot be split over 3" in err
 
 
+def test_recover_decides_without_torch_and_hashes_the_dcp_metadata(ckpt, tmp_path):
+    """The decision at every start imports no torch (seconds per restart on a loaded node) unless
+    the world size changed (the shape check reads the DCP metadata); the metadata's bytes are
+    checked by hash, so a flipped bit there is found without reading the data."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from pathlib import Path; from ckpt_tool.ops.recover import recover; "
+        "d = recover(Path(sys.argv[1]), int(sys.argv[2])); print(json.dumps([d.step, d.rolled_back_from, 'torch' in sys.modules]))"
+    )
+
+    def decide(world_size: int) -> list:
+        proc = subprocess.run([sys.executable, "-c", code, str(ckpt), str(world_size)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    assert decide(2) == [20, None, False]
+    assert decide(1)[2] is True  # another world size: the reshard check reads shapes with torch
+    flip_bit(shard(ckpt, 20, layout.DCP_METADATA_NAME))
+    assert decide(2)[:2] == [15, 20]  # (the rollback then checks its target in full, torch included)
+    assert CheckpointStore(ckpt).read_latest() == 15
+
+
 def test_recover_on_a_fresh_directory_starts_fresh(tmp_path, capsys):
     code, out, _ = ckpt_cli(capsys, "recover", tmp_path / "new", "--world-size", "2", "--json")
     assert code == 0 and json.loads(out)["action"] == "fresh"
