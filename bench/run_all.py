@@ -38,6 +38,7 @@ SCRIPTS = (
     "reshard_speed",
     "node_fault",
     "tensor_parallel",
+    "recovery_model",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {
