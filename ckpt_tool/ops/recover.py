@@ -1,16 +1,15 @@
 """``ckpt recover``: the one decision taken at every start or requeue of a job, before training.
 
 Newest committed checkpoint (LATEST) -> its structure checked (manifest, every file present with
-its size, the DCP metadata's bytes by hash: no data read, the same cost at 8 ranks or 4096, and
-no torch import) -> if
-damaged, roll back (quarantine, never delete) to the newest valid one -> compare its world size
-with the allocation and, if it changed, check and plan the reshard (refused with the reason when
-the shapes or the global batch do not fit the new size). The content hashes are the ranks': each
-checks its files as it loads them (each byte read once, spread over the ranks), and damage found
-then quarantines the checkpoint and sends every rank back to the previous one together
-(``training.resume``). ``full=True`` (``--full``) also hashes every file here, as
-``ckpt validate`` does. The decision goes to ``RUN_DIR/recover.json`` and the run's event log,
-where ``ckpt run``, the training script and ``ckpt status`` find it.
+its size, the DCP metadata's bytes by hash: no data read, the same cost at 8 ranks or 4096, no
+torch import) -> if damaged, roll back (quarantine, never delete) to the newest valid one ->
+compare its world size with the allocation and, if it changed, check and plan the reshard
+(refused with the reason when the shapes or the global batch do not fit the new size). The
+content hashes are the ranks': each checks its files as it loads them (each byte read once,
+spread over the ranks), and damage found then quarantines the checkpoint and sends every rank
+back to the previous one together (``training.resume``). ``full=True`` (``--full``) also hashes
+every file here, as ``ckpt validate`` does. The decision goes to ``RUN_DIR/recover.json`` and the
+run's event log, where ``ckpt run``, the training script and ``ckpt status`` find it.
 """
 
 from __future__ import annotations
