@@ -64,7 +64,8 @@ def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     flat = torch.cat([t.reshape(-1) for t in state.values()])
     staged = torch.empty_like(flat)
     view = memoryview(staged.numpy()).cast("B")
-    rate = common.MatmulLoop().rate
+    loop = common.MatmulLoop()
+    rate = loop.rate
 
     def hash_all() -> None:
         h = xxhash.xxh3_64()
@@ -92,9 +93,7 @@ def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
 
         thread = threading.Thread(target=run)
         thread.start()
-        done = 0.0
-        while not finished.is_set():
-            done += rate(0.05) * 0.05
+        done = loop.matmuls_until(finished.is_set, 0.05)
         thread.join()
         return seconds[0], seconds[0] - done / alone
 

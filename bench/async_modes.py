@@ -70,7 +70,8 @@ def one_mode(mode: str, state_bytes: float, saves: int, work: Path) -> dict[str,
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(dir=work), 1), rank=0, world_size=1)
     state = common.build_model(state_bytes).state_dict()
-    rate = common.MatmulLoop().rate
+    loop = common.MatmulLoop()
+    rate = loop.rate
 
     def writer(name: str) -> FileSystemWriter:
         w = FileSystemWriter(work / name, single_file_per_rank=True, sync_files=True, thread_count=4, overwrite=True)
@@ -97,9 +98,8 @@ def one_mode(mode: str, state_bytes: float, saves: int, work: Path) -> dict[str,
         response = dcp.async_save(state, storage_writer=writer(f"async{i}"), async_stager=stager, async_checkpointer_type=kind)
         response.staging_completion.result()
         staged = time.perf_counter() - start
-        done, upload_start = 0.0, time.perf_counter()
-        while not response.upload_completion.done():
-            done += rate(0.1) * 0.1
+        upload_start = time.perf_counter()
+        done = loop.matmuls_until(response.upload_completion.done, 0.1)
         upload = time.perf_counter() - upload_start
         response.upload_completion.result()
         runs.append({"lost": upload - done / alone, "upload": upload, "staging": staged, "rate_alone": alone})

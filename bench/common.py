@@ -257,6 +257,13 @@ class MatmulLoop:
             done += 1
         return done / seconds
 
+    def matmuls_until(self, finished: Callable[[], bool], slice_s: float) -> float:
+        """Matmuls done while computing in slices of ``slice_s`` until ``finished()``."""
+        done = 0.0
+        while not finished():
+            done += self.rate(slice_s) * slice_s
+        return done
+
 
 @dataclass(frozen=True)
 class Stats:

@@ -137,8 +137,7 @@ class Loader:
             "resume_warm": lambda: self.resume(cold=False, validate=True),
             "resume_cold_no_validate": lambda: self.resume(cold=True, validate=False),
             "dcp_cold": lambda: (self.dcp(), None),
-            "resume_cold_1t": lambda: self.resume(cold=True, validate=True, threads=1),
-            "resume_cold_2t": lambda: self.resume(cold=True, validate=True, threads=2),
+            **{v: (lambda t=t: self.resume(cold=True, validate=True, threads=t)) for v, t in READER_THREADS.items()},
         }
         return runs[variant]()
 
