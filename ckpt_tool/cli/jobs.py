@@ -82,8 +82,22 @@ def run(
     ),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Event log and calibrated timeouts (default: CKPT_DIR/run)."),
     timeout: list[str] = typer.Option([], "--timeout", help="Override a phase timeout: PHASE=SECONDS (repeatable)."),
-    grace: float = typer.Option(5.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL when tearing ranks down."),
+    grace: float = typer.Option(
+        5.0,
+        "--grace",
+        min=0,
+        help="Seconds between SIGTERM and SIGKILL when ckpt run ends torchrun (fatal error, crash loop, stop deadline). "
+        "The ranks left after a rank failed or hung get 0.5 s.",
+    ),
     stop_deadline: float = typer.Option(300.0, "--stop-deadline", min=1, help="Seconds to wait for the checkpoint after SIGUSR1/SIGTERM."),
+    warm: bool = typer.Option(
+        True, "--warm/--no-warm", help="Keep one pre-warmed spare process per rank (torch imported): restarts skip the imports."
+    ),
+    warm_import: list[str] = typer.Option(
+        [],
+        "--warm-import",
+        help="A module the spares import too (your heavy imports; repeatable). Imported before the rank's environment is set.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print each event as a JSON line on stdout."),
 ) -> None:
     """Run torchrun under a watchdog: crashes and hangs detected in seconds, restarts from the newest checkpoint.
@@ -115,6 +129,8 @@ def run(
         grace_s=grace,
         stop_deadline_s=stop_deadline,
         timeouts=timeouts,
+        warm=warm,
+        warm_imports=tuple(warm_import),
     )
     if as_json:
         code = Watchdog(cfg, report=lambda record: print(json.dumps(record, default=str), flush=True)).run()

@@ -17,10 +17,11 @@ from typing import Any
 import psutil
 
 from ckpt_tool.supervise.events import read_events
-from ckpt_tool.supervise.processes import kill_tree
+from ckpt_tool.supervise.processes import kill_tree, read_ranks
 
 RECIPE = "ckpt_tool.recipes.tiny_gpt"
 # A small, fast configuration of the recipe for tests and the demo (about 0.1 s a step on 2 CPU ranks).
+HANDOFF = "ckpt_tool.supervise.handoff"  # the launcher torchrun runs under ckpt run; not the rank
 FAST_ARGS = ("--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")
 
 
@@ -76,21 +77,35 @@ def run(cmd: Sequence[str], log: Path | None = None, timeout: float = 600, env: 
         return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, env=full_env, start_new_session=True).returncode
 
 
-def recipe_ranks(root_pid: int, module: str = RECIPE) -> dict[int, psutil.Process]:
-    """The live rank processes of the recipe below ``root_pid`` (torchrun or ``ckpt run``), by RANK."""
+def recipe_ranks(root_pid: int, module: str = RECIPE, run_dir: Path | None = None) -> dict[int, psutil.Process]:
+    """The live rank processes of the recipe below ``root_pid`` (torchrun or ``ckpt run``), by
+    rank: from ``ckpt run``'s ``ranks.json`` in ``run_dir`` (a rank that started warm runs in a
+    spare process whose environment ``ps`` cannot read), else by their RANK variable."""
     out: dict[int, psutil.Process] = {}
     try:
         children = psutil.Process(root_pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return out
-    for p in children:
+    live = {p.pid: p for p in children if _running(p)}
+    if run_dir is not None:
+        out = {rank: live[pid] for rank, pid in read_ranks(run_dir).items() if pid in live}
+        if out:
+            return out
+    for p in live.values():
         try:
             cmd = " ".join(p.cmdline())
-            if module in cmd and "torch.distributed.run" not in cmd and p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            if module in cmd and "torch.distributed.run" not in cmd and HANDOFF not in cmd:
                 out[int(p.environ()["RANK"])] = p
         except (psutil.Error, KeyError, ValueError):
             continue
     return out
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
 
 
 class RecipeJob:
@@ -137,7 +152,7 @@ class RecipeJob:
 
     def ranks(self) -> dict[int, psutil.Process]:
         assert self.proc is not None
-        return recipe_ranks(self.proc.pid)
+        return recipe_ranks(self.proc.pid, run_dir=self.run_dir if self.supervised else None)
 
     def events(self) -> list[dict[str, Any]]:
         return read_events(self.run_dir)

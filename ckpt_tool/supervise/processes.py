@@ -3,7 +3,28 @@ process group misses the ranks: collect the whole tree (by parent links) first, 
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+from pathlib import Path
+
 import psutil
+
+RANKS_NAME = "ranks.json"
+
+
+def ignore_usr1() -> None:
+    """For the processes ``ckpt run`` starts: SLURM sends USR1 to every process of the step, and
+    its default action kills (the ranks get the stop request on their channel instead)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _tree(pids: list[int]) -> list[psutil.Process]:
@@ -44,3 +65,19 @@ def kill_tree(pids: list[int], grace_s: float = 0.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=10)
+
+
+def write_ranks(run_dir: Path, attempt: int, ranks: dict[int, int]) -> None:
+    """``RUN_DIR/ranks.json``: the pid of each rank of this node's current attempt (a rank that
+    started warm runs in a spare process, not below torchrun; ``ps`` shows its command)."""
+    partial = run_dir / f"{RANKS_NAME}.partial"
+    partial.write_text(json.dumps({"attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}))
+    os.replace(partial, run_dir / RANKS_NAME)
+
+
+def read_ranks(run_dir: Path) -> dict[int, int]:
+    """Rank -> pid from ``ranks.json``; {} when there is none (yet) or it cannot be read."""
+    try:
+        return {int(r): int(p) for r, p in json.loads((run_dir / RANKS_NAME).read_text())["ranks"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}

@@ -32,6 +32,8 @@ class RunConfig:
     node: str = field(default_factory=health.node_name)  # SLURM's node name, else the host name
     round_id: str = field(default_factory=health.round_id)  # one srun step: every node's ckpt run shares it
     suspect_after: int = DEFAULT_SUSPECT_AFTER
+    warm: bool = True  # pre-warmed spare rank processes (supervise.warm_pool)
+    warm_imports: tuple[str, ...] = ()  # more modules for the spares to import (the user's heavy ones)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -71,4 +73,5 @@ def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:
             # measured: a lost agent cost 48 s before the survivors resumed. 10 s still lets every
             # node of a starting job join (they start together under srun).
             argv.append(f"--rdzv-conf=last_call_timeout={ELASTIC_LAST_CALL_S}")
-    return argv + list(cfg.command)
+    launcher = ["-m", "ckpt_tool.supervise.handoff"] if cfg.warm else []
+    return argv + launcher + list(cfg.command)

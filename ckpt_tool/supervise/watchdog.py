@@ -33,8 +33,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ckpt_tool.core.health import classify_crash
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, calibrate
@@ -43,8 +41,10 @@ from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise import channel, health
 from ckpt_tool.supervise.durations import read_durations, write_durations
 from ckpt_tool.supervise.events import note
-from ckpt_tool.supervise.processes import kill_tree
+from ckpt_tool.supervise.handoff import ENV_POOL
+from ckpt_tool.supervise.processes import alive, ignore_usr1, kill_tree, write_ranks
 from ckpt_tool.supervise.run_config import RunConfig, torchrun_argv
+from ckpt_tool.supervise.warm_pool import WarmPool
 
 __all__ = ["RunConfig", "Watchdog", "torchrun_argv"]
 
@@ -52,17 +52,11 @@ __all__ = ["RunConfig", "Watchdog", "torchrun_argv"]
 # culprit's crash, then its peers' failed collectives): judge the nodes once that has settled,
 # not only when the next attempt's ranks beat (~10 s later, after rendezvous and imports).
 JUDGE_AFTER_S = 3.0
-
-
-def _ignore_usr1() -> None:
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+# The ranks left when one of their attempt died or hung can do nothing useful (their collectives
+# fail): SIGTERM, SIGKILL this long after. A commit past its last collective (rank 0 renaming the
+# manifest) ends in ms; their own exit (traceback, ~1 s of teardown with torch) delays the restart.
+TEARDOWN_GRACE_S = 0.5
+SPARES_AFTER_S = 5.0
 
 
 class Watchdog:
@@ -98,6 +92,8 @@ class Watchdog:
         self.judged: set[int] = set()  # attempts whose failure the health ledger has judged
         self._marker_checked = 0.0
         self.durations = DurationLog()
+        self.pool: WarmPool | None = None
+        self.training_since: dict[int, float] = {}  # attempt -> when all its local ranks trained
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
@@ -107,7 +103,7 @@ class Watchdog:
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        self._load_durations()
+        self.durations = read_durations(self.cfg.run_dir) or DurationLog()
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
@@ -122,13 +118,17 @@ class Watchdog:
         }
         if self.cfg.ckpt_dir is not None:
             env["CKPT_DIR"] = str(self.cfg.ckpt_dir)
+        if self.cfg.warm:  # spares import torch while torchrun starts up
+            env[ENV_POOL] = str(sock_dir / "warm")
+            self.pool = WarmPool(sock_dir / "warm", self.cfg.nproc_per_node, env, self.cfg.warm_imports, self.cfg.run_dir / "warm.log")
+            self.pool.fill()
         argv = torchrun_argv(self.cfg)
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
         self.event("start", argv=argv, timeouts=self.timeouts())
         # SLURM delivers USR1/TERM to every process of the step, torchrun included, and USR1's
         # default action kills it: torchrun and the ranks ignore USR1 (the ranks get the request
         # on the channel); a rank under `ckpt run` turns TERM into the same request.
-        proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_ignore_usr1)
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=ignore_usr1)
         code = ExitCode.FAILED
         try:
             code = self._supervise(proc, sock)
@@ -138,9 +138,11 @@ class Watchdog:
             if proc.poll() is None:
                 kill_tree([proc.pid], self.cfg.grace_s)
             kill_tree([b.pid for b in self.beats.values()], 0.5)  # no orphans, whatever happened
+            if self.pool is not None:
+                self.pool.close()
             sock.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
-            self._save_durations()
+            write_durations(self.cfg.run_dir, self.durations, self.timeouts())
         return code
 
     def _supervise(self, proc: subprocess.Popen, sock: Any) -> int:
@@ -158,7 +160,13 @@ class Watchdog:
             rc = proc.poll()
             if rc is not None:
                 return self._finished(rc)
+            if self.stopped_step is not None and self.attempt_pids and not any(map(alive, self.attempt_pids)):
+                # Every rank committed the stop checkpoint and is gone: torchrun's own exit (its
+                # monitor interval, exit barrier, interpreter teardown) adds a second for nothing.
+                proc.kill()  # only torchrun: its launchers are gone with the ranks
+                return self._finished(proc.wait())
             self._check_deaths()
+            self._keep_spares(now)
             if self.closed_at is not None and self.attempt not in self.judged and now - self.closed_at > JUDGE_AFTER_S:
                 self._judge_nodes(self.attempt)
             if self.round_over is None and now - self._marker_checked > 1.0:
@@ -238,8 +246,10 @@ class Watchdog:
             if new_group:
                 self._next_attempt(torchrun_attempt)
             if not self.attempt_pids:  # the first beat of this attempt's ranks on this node
-                self.event("ranks_started", rank=m["rank"], phase=str(m["phase"]))
-            self.attempt_pids.add(pid)
+                self.event("ranks_started", rank=m["rank"], phase=str(m["phase"]), warm=bool(m.get("warm")))
+            if pid not in self.attempt_pids:
+                self.attempt_pids.add(pid)
+                write_ranks(self.cfg.run_dir, self.attempt, {**{b.rank: b.pid for b in self.beats.values()}, m["rank"]: pid})
             beat = Beat(
                 m["rank"],
                 pid,
@@ -286,15 +296,19 @@ class Watchdog:
         if self._log_deaths(self.beats):
             self.closed_attempts.add(self.attempt)
             self.closed_at = time.monotonic()
-            self.closing.update({b.pid: b for b in watched.values() if b.pid not in self.gone})
+            survivors = {b.pid: b for b in watched.values() if b.pid not in self.gone}
+            self.closing.update(survivors)
             self.beats = {}
+            for pid in survivors:
+                self.said.setdefault(pid, ("terminated", "torn down by ckpt run: a rank of its attempt failed"))
+            kill_tree(list(survivors), TEARDOWN_GRACE_S)
         self._log_deaths(self.closing)
 
     def _log_deaths(self, watched: dict[int, Beat]) -> bool:
         """Log the ranks of ``watched`` that are gone (and forget them); True when one failed."""
         failed = False
         for key, beat in list(watched.items()):
-            if beat.pid in self.gone or _alive(beat.pid):
+            if beat.pid in self.gone or alive(beat.pid):
                 continue
             self.gone.add(beat.pid)
             watched.pop(key, None)
@@ -325,7 +339,7 @@ class Watchdog:
         # The culprit (first) cannot act on SIGTERM: it is stuck. SIGKILL it at once; its peers,
         # blocked in a collective with it, then fail fast and can end within the grace.
         kill_tree([hangs[0].pid], 0.0)
-        kill_tree([pid for pid in pids if pid != hangs[0].pid], self.cfg.grace_s)
+        kill_tree([pid for pid in pids if pid != hangs[0].pid], TEARDOWN_GRACE_S)
         self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t0, 2))
         self._failure()
         self.closed_attempts.add(self.attempt)
@@ -350,6 +364,15 @@ class Watchdog:
             health.end_round(self.cfg.run_dir, self.cfg.round_id, suspects, self.cfg.node)
             self.round_over = suspects
 
+    def _keep_spares(self, now: float) -> None:
+        """Replace the spares a restart took once every local rank of the attempt has trained for
+        ``SPARES_AFTER_S``: not while a restart needs the CPU (load, first steps)."""
+        if self.pool is not None:
+            training = len(self.beats) == self.cfg.nproc_per_node and all(b.phase == "step" for b in self.beats.values())
+            since = self.training_since.setdefault(self.attempt, now) if training else None
+            for name, data in self.pool.keep(since is not None and now - since >= SPARES_AFTER_S and self.stop_at is None):
+                self.event(name, **data)
+
     # ------------------------------------------------------------------ preemption
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
         if self.stop_at is None:
@@ -364,19 +387,11 @@ class Watchdog:
             self.event("stop_requested", ranks=sorted(self.beats), note="checkpoint at the next step, then exit for requeue")
 
     def _latest_on_disk(self) -> int | None:
-        if self.cfg.ckpt_dir is None:
-            return None
         try:
-            return CheckpointStore(self.cfg.ckpt_dir).latest_or_none()
+            return None if self.cfg.ckpt_dir is None else CheckpointStore(self.cfg.ckpt_dir).latest_or_none()
         except CkptError:
             return None
 
     # ------------------------------------------------------------------ timeouts
     def timeouts(self) -> dict[str, float]:
         return calibrate(self.durations.durations, self.cfg.timeouts)
-
-    def _load_durations(self) -> None:
-        self.durations = read_durations(self.cfg.run_dir) or DurationLog()
-
-    def _save_durations(self) -> None:
-        write_durations(self.cfg.run_dir, self.durations, self.timeouts())

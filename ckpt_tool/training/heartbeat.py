@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ckpt_tool.core.handoff import WARM_MARKER
 from ckpt_tool.supervise import channel
 
 
@@ -39,6 +40,7 @@ class Heartbeat:
         self.resumed_from: int | None = None  # the checkpoint this attempt resumed from
         self._stop = False
         self._fatal_sent = False
+        self.warm = os.environ.get(WARM_MARKER) == "1"  # a pre-warmed spare took this rank over
         self._sock: socket.socket | None = None
         self._addr: Path | None = None
         if supervisor:
@@ -70,6 +72,7 @@ class Heartbeat:
             "ckpt": self.ckpt,
             "resumed_from": self.resumed_from,
             "addr": str(self._addr),
+            "warm": self.warm,
         }
         channel.send(self._sock, self.supervisor, message)
 
