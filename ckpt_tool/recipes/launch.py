@@ -79,7 +79,7 @@ def run(cmd: Sequence[str], log: Path | None = None, timeout: float = 600, env: 
 
 def recipe_ranks(root_pid: int, module: str = RECIPE, run_dir: Path | None = None) -> dict[int, psutil.Process]:
     """The live rank processes of the recipe below ``root_pid`` (torchrun or ``ckpt run``), by
-    rank: from ``ckpt run``'s ``ranks.json`` in ``run_dir`` (a rank that started warm runs in a
+    rank: from ``ckpt run``'s ``ranks.NODE.json`` in ``run_dir`` (a rank that started warm runs in a
     spare process whose environment ``ps`` cannot read), else by their RANK variable."""
     out: dict[int, psutil.Process] = {}
     try:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
-
-RANKS_NAME = "ranks.json"
 
 
 def ignore_usr1() -> None:
@@ -51,33 +50,66 @@ def kill_tree(pids: list[int], grace_s: float = 0.0) -> None:
     with no grace, SIGKILL at once (a power cut). A stopped process gets SIGKILL at once: it
     could not act on the SIGTERM, and waiting the grace for it only delays the restart."""
     procs = _tree(pids)
-    alive = procs
+    left = procs
     if grace_s > 0:
         for p in procs:
             try:
                 p.kill() if _frozen(p) else p.terminate()
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
+        left = _wait_gone(procs, grace_s)
+    for p in left:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=10)
+    _wait_gone(left, 10)
 
 
-def write_ranks(run_dir: Path, attempt: int, ranks: dict[int, int]) -> None:
-    """``RUN_DIR/ranks.json``: the pid of each rank of this node's current attempt (a rank that
-    started warm runs in a spare process, not below torchrun; ``ps`` shows its command)."""
-    partial = run_dir / f"{RANKS_NAME}.partial"
-    partial.write_text(json.dumps({"attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}))
-    os.replace(partial, run_dir / RANKS_NAME)
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each process has exited; the ones still running at ``timeout``. An exited
+    process counts as gone even before its parent reaps it: a zombie whose parent was killed
+    waits for init, which took ~2 s here (psutil.wait_procs waited for that, measured)."""
+    deadline = time.monotonic() + timeout
+    left = procs
+    while left:
+        left = [p for p in left if not _ended(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+    return left
+
+
+def _ended(p: psutil.Process) -> bool:
+    """Exited: reaped now if it is our child, or a zombie waiting for another parent."""
+    try:
+        p.wait(0)
+        return True
+    except psutil.TimeoutExpired:
+        return not alive(p.pid)
+    except (psutil.NoSuchProcess, ChildProcessError):
+        return True
+
+
+def write_ranks(run_dir: Path, node: str, attempt: int, ranks: dict[int, int]) -> None:
+    """``RUN_DIR/ranks.NODE.json``: the pid of each rank of this node's current attempt (a rank
+    that started warm runs in a spare process, not below torchrun; ``ps`` shows its command).
+    Best effort: it informs, nothing depends on it; every node's ``ckpt run`` writes its own."""
+    path = run_dir / f"ranks.{node}.json"
+    partial = run_dir / f".ranks.{node}.{os.getpid()}.partial"
+    try:
+        partial.write_text(json.dumps({"node": node, "attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}))
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)
 
 
 def read_ranks(run_dir: Path) -> dict[int, int]:
-    """Rank -> pid from ``ranks.json``; {} when there is none (yet) or it cannot be read."""
-    try:
-        return {int(r): int(p) for r, p in json.loads((run_dir / RANKS_NAME).read_text())["ranks"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    """Rank -> pid from every node's ``ranks.NODE.json``; {} when there is none (yet)."""
+    out: dict[int, int] = {}
+    for path in sorted(run_dir.glob("ranks.*.json")):
+        try:
+            out.update({int(r): int(p) for r, p in json.loads(path.read_text())["ranks"].items()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return out

@@ -1,124 +1,114 @@
 """The node's pool of pre-warmed spare rank processes, kept by ``ckpt run``'s watchdog.
 
-One spare per local rank (``supervise.warm_rank``): started with ``ckpt run`` itself (so that the
-first ranks import torch while torchrun starts up), and again whenever the ranks of an attempt
-train (a restart took the spares). A spare is the watchdog's child: a thread per spare reaps it
-and writes its exit status where the rank's launcher (``supervise.handoff``) waits for it.
-The pool's directory holds ``<pid>.warming`` (importing), ``<pid>.sock`` (ready), ``<pid>.exit``
-(status) and ``<pid>.refused`` (a launcher refused it: its environment differs); a refused
-spare or one that dies while warming turns the pool off for the rest of the run (one event
+One spare per local rank, forked by the node's spare maker (``supervise.zygote``, which imports
+torch and the checkpoint code once): the maker starts with ``ckpt run`` itself (so that the first
+ranks' imports overlap torchrun's start-up), and spares are forked again whenever the ranks of
+an attempt train (a restart took them). The pool's directory holds ``<pid>.warming`` (the maker
+importing), ``<pid>.sock`` (a ready spare), ``<pid>.exit`` (a spare's or rank's exit status,
+written by the maker) and ``<pid>.refused`` (a launcher refused a spare: the environments
+differ). A refusal or a maker that dies turns the pool off for the rest of the run (one event
 says why): every rank then starts cold, as under plain torchrun.
 
-Memory: a spare with torch imported holds ~250 MB of host memory (measured: 223 MB RSS for
-``import torch`` alone) until it is used or ``ckpt run`` ends.
+Memory: the maker holds ~250 MB of host memory (``import torch`` alone: 223 MB RSS, measured);
+its spares share those pages until they write to them.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ckpt_tool.supervise.handoff import status_path
 from ckpt_tool.supervise.processes import ignore_usr1
 from ckpt_tool.supervise.warm_rank import REFUSED_SUFFIX
+from ckpt_tool.supervise.zygote import WARMING_SUFFIX, untaken
 
 __all__ = ["WarmPool"]
+
+REQUEST_SETTLE_S = 2.0  # after asking for spares, wait this long before asking again
 
 
 class WarmPool:
     def __init__(self, directory: Path, size: int, env: Mapping[str, str], imports: tuple[str, ...], log: Path) -> None:
         directory.mkdir(mode=0o700)
-        self.directory, self.size, self.env, self.imports, self.log = directory, size, dict(env), imports, log
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.directory, self.size, self.log, self.env = directory, size, log, dict(env)
         self.off_reason: str | None = None  # set once: the pool stops making spares
         self._off_told = False
-        self._started_at: float | None = None  # when the spares now warming were started
-        self._lock = threading.Lock()
+        self._asked_at = -REQUEST_SETTLE_S
+        self._started_at: float | None = None  # when the spares now coming were asked for
+        with open(log, "ab") as out:
+            self.maker = subprocess.Popen(
+                [sys.executable, "-u", "-m", "ckpt_tool.supervise.zygote", str(directory), *imports],
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                preexec_fn=ignore_usr1,
+            )
+        (directory / f"{self.maker.pid}{WARMING_SUFFIX}").touch()  # launchers wait for its imports
 
     # ------------------------------------------------------------------ spares
-    def spares(self) -> list[int]:
-        """Spares not yet taken: alive and warming or ready."""
-        names = {p.name for p in self.directory.iterdir()}
-        return [pid for pid, proc in self.procs.items() if proc.poll() is None and ({f"{pid}.warming", f"{pid}.sock"} & names)]
-
     def ready(self) -> int:
-        """Spares that finished importing and wait for a rank."""
-        return len([p for p in self.directory.glob("*.sock") if p.stem.isdigit() and int(p.stem) in self.procs])
+        """Spares that wait for a rank."""
+        return len(untaken(self.directory))
 
     def fill(self) -> int:
-        """Start spares until there is one per local rank; the number started."""
-        started = 0
-        while self.off_reason is None and len(self.spares()) < self.size:
-            self._spawn()
-            started += 1
-        if started:
-            self._started_at = time.monotonic()
-        return started
+        """Ask for spares until there is one per local rank; the number asked for."""
+        self._check()
+        missing = self.size - self.ready()
+        if self.off_reason is not None or missing <= 0 or time.monotonic() - self._asked_at < REQUEST_SETTLE_S:
+            return 0
+        try:
+            assert self.maker.stdin is not None
+            self.maker.stdin.write(f"fill {self.size}\n".encode())
+            self.maker.stdin.flush()
+        except OSError as exc:
+            self.off_reason = f"the spare maker does not answer ({exc}; see {self.log})"
+            return 0
+        self._asked_at = self._started_at = time.monotonic()
+        return missing
+
+    def _check(self) -> None:
+        if self.off_reason is not None:
+            return
+        refused = sorted(self.directory.glob(f"*{REFUSED_SUFFIX}"))
+        if refused:
+            self.off_reason = f"a launcher refused a spare: {refused[0].read_text()}"
+        elif self.maker.poll() is not None:
+            self.off_reason = f"the spare maker exited with status {self.maker.returncode} (see {self.log})"
 
     def keep(self, healthy: bool) -> list[tuple[str, dict[str, Any]]]:
         """The watchdog's turn: refill while the ranks are ``healthy`` (training); the events to
-        log (spares started, all spares ready and how long they took, the pool turned off)."""
+        log (spares asked for, all spares ready and how long that took, the pool turned off)."""
         events: list[tuple[str, dict[str, Any]]] = []
+        started = self.fill() if healthy else 0
+        self._check()
         if self.off_reason is not None and not self._off_told:
             self._off_told = True
             events.append(("warm_off", {"reason": self.off_reason, "note": "ranks start cold from now on"}))
-        started = self.fill() if healthy else 0
         if started:
             events.append(("spares_started", {"count": started}))
         elif self._started_at is not None and self.ready() >= self.size:
-            events.append(("spares_ready", {"count": self.ready(), "seconds": round(time.monotonic() - self._started_at, 2)}))
+            events.append(("spares_ready", {"count": self.ready(), "seconds": round(time.monotonic() - self._started_at, 3)}))
             self._started_at = None
         return events
 
-    def _spawn(self) -> None:
-        argv = [sys.executable, "-u", "-m", "ckpt_tool.supervise.warm_rank", str(self.directory), *self.imports]
-        with open(self.log, "ab") as log:
-            proc = subprocess.Popen(
-                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, preexec_fn=ignore_usr1
-            )
-        (self.directory / f"{proc.pid}.warming").touch()
-        self.procs[proc.pid] = proc
-        threading.Thread(target=self._reap, args=(proc,), daemon=True, name=f"ckpt-spare-{proc.pid}").start()
-
-    def _reap(self, proc: subprocess.Popen) -> None:
-        """Wait for a spare (or the rank it became); publish its status for its launcher."""
-        code = proc.wait()
-        status = status_path(self.directory, proc.pid)
-        partial = status.with_suffix(".partial")
-        partial.write_text(str(code))
-        os.replace(partial, status)  # the launcher never reads half a number
-        refused = self.directory / f"{proc.pid}{REFUSED_SUFFIX}"
-        warming = self.directory / f"{proc.pid}.warming"
-        with self._lock:
-            if refused.exists():
-                self._turn_off(f"a launcher refused a spare: {refused.read_text()}")
-            elif warming.exists():
-                self._turn_off(f"a spare exited with status {code} while importing (see {self.log})")
-        warming.unlink(missing_ok=True)
-        (self.directory / f"{proc.pid}.sock").unlink(missing_ok=True)
-
-    def _turn_off(self, reason: str) -> None:
-        if self.off_reason is None:
-            self.off_reason = reason
-
     # ------------------------------------------------------------------ the end
     def close(self) -> None:
-        """Kill the spares nobody took (ranks that were spares are the watchdog's to end)."""
+        """End the maker: it kills the spares nobody took (ranks that were spares are the
+        watchdog's to end) and exits once its children are gone."""
         self.off_reason = self.off_reason or "closed"
-        for pid in self.spares():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        try:
+            assert self.maker.stdin is not None
+            self.maker.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.maker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.maker.kill()
+            self.maker.wait()

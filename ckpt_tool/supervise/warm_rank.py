@@ -1,21 +1,19 @@
-"""A spare rank process: imports torch and the checkpoint code while the job is healthy, waits,
-then takes over a rank that torchrun starts (``supervise.handoff``) and runs the training
-command as ``__main__``, as ``python -u`` would.
+"""A spare rank process: forked by the spare maker (``supervise.zygote``) with torch and the
+checkpoint code already imported, it waits for a rank that torchrun starts (``supervise.handoff``)
+and runs the training command as ``__main__``, as ``python -u`` would.
 
-``python -u -m ckpt_tool.supervise.warm_rank POOL_DIR [MODULE...]``: preloads ``PRELOAD`` and the
-extra modules (``ckpt run --warm-import``), listens on ``POOL_DIR/<pid>.sock`` (``<pid>.warming``
-until then), and exits when ``ckpt run`` is gone. At the takeover it adopts the rank's standard
-streams, working directory and environment, applies ``OMP_NUM_THREADS`` (read by the OpenMP
-runtime when torch loaded) with ``torch.set_num_threads``, shows the rank's command in ``ps``,
-and kills itself if the launcher dies. When the script ends it runs the ``atexit`` handlers,
-flushes every open file object and leaves without the interpreter's module teardown (about a
-second with torch loaded, measured): the rank is gone as soon as its work is.
+It listens on ``POOL_DIR/<pid>.sock`` and exits when the spare maker is gone. At the takeover it
+adopts the rank's standard streams, working directory and environment, applies
+``OMP_NUM_THREADS`` (read by the OpenMP runtime when torch loaded) with ``torch.set_num_threads``,
+shows the rank's command in ``ps``, and kills itself if the launcher dies. When the script ends
+it runs the ``atexit`` handlers, closes the open files of module globals and leaves without the
+interpreter's module teardown (about a second with torch loaded, measured): the rank is gone as
+soon as its work is.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
 import io
 import os
 import runpy
@@ -24,7 +22,7 @@ import signal
 import socket
 import sys
 import threading
-import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -47,24 +45,31 @@ PRELOAD = (
 )
 REFUSED_SUFFIX = ".refused"
 
-try:  # set up before the takeover rewrites the environment (its memory follows argv's)
-    import setproctitle as _title
 
-    _title.getproctitle()
-except ImportError:  # pragma: no cover - a dependency; ps then shows the spare's own command
-    _title = None  # type: ignore[assignment]
+def _title_setter() -> Callable[[str], None] | None:
+    """setproctitle, set up in the spare before the takeover rewrites the environment (the title
+    takes the memory of argv and of the environment after it: ``/proc/PID/environ`` then reads
+    empty, so never in ``ckpt run``'s own process)."""
+    try:
+        import setproctitle
+    except ImportError:  # pragma: no cover - a dependency; ps then shows the spare's own command
+        return None
+    setproctitle.getproctitle()
+    return setproctitle.setproctitle
 
 
-def wait_for_launcher(pool: Path, parent: int) -> socket.socket:
-    """Listen, announce readiness, accept one launcher; exit when ``ckpt run`` (the parent) is gone."""
+def wait_for_launcher(pool: Path, parent: int, ready: int) -> socket.socket:
+    """Listen on ``POOL/<pid>.sock`` (a ready spare), accept one launcher; exit when the parent
+    (the spare maker) is gone."""
     me = os.getpid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(pool / f"{me}.sock"))
     listener.listen(1)
-    (pool / f"{me}.warming").unlink(missing_ok=True)
+    os.write(ready, b"1")  # tell the spare maker
+    os.close(ready)
     while not select.select([listener], [], [], 1.0)[0]:
         if os.getppid() != parent:
-            os._exit(0)
+            os._exit(0)  # the spare maker is gone: so is ckpt run
     conn, _ = listener.accept()
     listener.close()
     return conn
@@ -81,7 +86,7 @@ def _die_with_launcher(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def take_over(conn: socket.socket, message: dict[str, Any], fds: list[int]) -> list[str]:
+def take_over(conn: socket.socket, message: dict[str, Any], fds: list[int], set_title: Callable[[str], None] | None) -> list[str]:
     """Become the rank: its streams, directory, environment, thread count and title."""
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
@@ -95,8 +100,8 @@ def take_over(conn: socket.socket, message: dict[str, Any], fds: list[int]) -> l
         import torch
 
         torch.set_num_threads(threads)
-    if _title is not None:
-        _title.setproctitle(process_title(sys.executable, message["argv"]))
+    if set_title is not None:
+        set_title(process_title(sys.executable, message["argv"]))
     threading.Thread(target=_die_with_launcher, args=(conn,), daemon=True, name="ckpt-launcher-watch").start()
     return list(message["argv"])
 
@@ -172,20 +177,11 @@ def leave(code: int, namespaces: list[dict[str, Any]]) -> NoReturn:
         os._exit(code & 0xFF)
 
 
-def main(argv: list[str]) -> NoReturn:
-    pool, extra = Path(argv[0]), argv[1:]
-    parent = os.getppid()
-    # The environment to compare with the rank's is the one the imports ran under (some imports
-    # add to it: torch._dynamo sets TORCHINDUCTOR_CACHE_DIR, as it would in a cold rank).
-    spawned_with = dict(os.environ)
-    try:
-        for name in (*PRELOAD, *extra):
-            importlib.import_module(name)
-    except BaseException:  # noqa: BLE001 - logged to the pool's log; ckpt run stops using spares
-        traceback.print_exc()
-        (pool / f"{os.getpid()}.warming").unlink(missing_ok=True)
-        os._exit(3)
-    conn = wait_for_launcher(pool, parent)
+def serve(pool: Path, maker: int, spawned_with: dict[str, str], ready: int) -> NoReturn:
+    """A spare's life, in a process forked by the spare maker (``supervise.zygote``): wait for a
+    launcher, take its rank over (or be refused), run the rank, leave."""
+    set_title = _title_setter()
+    conn = wait_for_launcher(pool, maker, ready)
     try:
         message, fds = recv_or_refuse(conn, spawned_with)
     except (OSError, ValueError, KeyError):
@@ -193,7 +189,7 @@ def main(argv: list[str]) -> NoReturn:
     if not message.get("go"):
         (pool / f"{os.getpid()}{REFUSED_SUFFIX}").write_text(str(message.get("why", "refused")))
         os._exit(0)
-    leave(*run_command(take_over(conn, message, fds)))
+    leave(*run_command(take_over(conn, message, fds, set_title)))
 
 
 def recv_or_refuse(conn: socket.socket, env: dict[str, str]) -> tuple[dict[str, Any], list[int]]:
@@ -201,7 +197,3 @@ def recv_or_refuse(conn: socket.socket, env: dict[str, str]) -> tuple[dict[str, 
     rank's command, environment and streams) or no (why)."""
     send_frame(conn, {"pid": os.getpid(), "env": env})
     return recv_frame(conn, max_fds=3)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

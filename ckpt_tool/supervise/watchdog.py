@@ -17,6 +17,8 @@ rendezvous. The watchdog adds what torchrun lacks:
 - **preemption**: SIGUSR1 or SIGTERM asks the ranks (through the channel, not torchrun's
   signal forwarding) to checkpoint at the next step and stop; the exit status then says
   "requeue me";
+- **restarts without imports**: a pre-warmed spare per local rank takes the next rank over
+  (``supervise.warm_pool``); the ranks left after a failure are ended at once, not waited for;
 - an event log (``events.jsonl``) and phase durations (``timeouts.json``) in the run directory.
 """
 
@@ -56,7 +58,6 @@ JUDGE_AFTER_S = 3.0
 # fail): SIGTERM, SIGKILL this long after. A commit past its last collective (rank 0 renaming the
 # manifest) ends in ms; their own exit (traceback, ~1 s of teardown with torch) delays the restart.
 TEARDOWN_GRACE_S = 0.5
-SPARES_AFTER_S = 5.0
 
 
 class Watchdog:
@@ -93,7 +94,6 @@ class Watchdog:
         self._marker_checked = 0.0
         self.durations = DurationLog()
         self.pool: WarmPool | None = None
-        self.training_since: dict[int, float] = {}  # attempt -> when all its local ranks trained
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
@@ -166,7 +166,7 @@ class Watchdog:
                 proc.kill()  # only torchrun: its launchers are gone with the ranks
                 return self._finished(proc.wait())
             self._check_deaths()
-            self._keep_spares(now)
+            self._keep_spares()
             if self.closed_at is not None and self.attempt not in self.judged and now - self.closed_at > JUDGE_AFTER_S:
                 self._judge_nodes(self.attempt)
             if self.round_over is None and now - self._marker_checked > 1.0:
@@ -249,7 +249,7 @@ class Watchdog:
                 self.event("ranks_started", rank=m["rank"], phase=str(m["phase"]), warm=bool(m.get("warm")))
             if pid not in self.attempt_pids:
                 self.attempt_pids.add(pid)
-                write_ranks(self.cfg.run_dir, self.attempt, {**{b.rank: b.pid for b in self.beats.values()}, m["rank"]: pid})
+                write_ranks(self.cfg.run_dir, self.cfg.node, self.attempt, {**{b.rank: b.pid for b in self.beats.values()}, m["rank"]: pid})
             beat = Beat(
                 m["rank"],
                 pid,
@@ -364,13 +364,12 @@ class Watchdog:
             health.end_round(self.cfg.run_dir, self.cfg.round_id, suspects, self.cfg.node)
             self.round_over = suspects
 
-    def _keep_spares(self, now: float) -> None:
-        """Replace the spares a restart took once every local rank of the attempt has trained for
-        ``SPARES_AFTER_S``: not while a restart needs the CPU (load, first steps)."""
+    def _keep_spares(self) -> None:
+        """Once every local rank of the attempt trains, replace the spares a restart took (a
+        fork of the spare maker: milliseconds, no CPU taken from the training)."""
         if self.pool is not None:
             training = len(self.beats) == self.cfg.nproc_per_node and all(b.phase == "step" for b in self.beats.values())
-            since = self.training_since.setdefault(self.attempt, now) if training else None
-            for name, data in self.pool.keep(since is not None and now - since >= SPARES_AFTER_S and self.stop_at is None):
+            for name, data in self.pool.keep(training and self.stop_at is None):
                 self.event(name, **data)
 
     # ------------------------------------------------------------------ preemption

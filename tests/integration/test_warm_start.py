@@ -22,6 +22,7 @@ import pytest
 from ckpt_tool.recipes.launch import ckpt_run_command
 from ckpt_tool.supervise.handoff import ENV_POOL
 from ckpt_tool.supervise.warm_pool import WarmPool
+from ckpt_tool.supervise.zygote import untaken
 
 SCRIPT = """
 import json, os, sys, time
@@ -69,7 +70,7 @@ def launch(pool: WarmPool, work: Path, *args: str, **extra_env: str) -> subproce
 
 
 def test_a_spare_takes_the_rank_over_as_python_would_run_it(pool: WarmPool, tmp_path: Path) -> None:
-    spare = pool.spares()[0]
+    spare = untaken(pool.directory)[0]
     proc = launch(pool, tmp_path, "3")
     assert proc.wait(60) == 3  # the script's exit status, through the launcher
     result = json.loads((tmp_path / "result.json").read_text())
@@ -79,7 +80,7 @@ def test_a_spare_takes_the_rank_over_as_python_would_run_it(pool: WarmPool, tmp_
     assert result["rank"] == "0"
     assert "hello from the rank" in (tmp_path / "out.txt").read_text()  # the launcher's stdout
     assert (tmp_path / "top_level.log").read_text() == "written, not flushed"  # closed at the fast exit
-    assert pool.spares() == []  # taken
+    assert untaken(pool.directory) == []  # taken
 
 
 def test_a_rank_killed_by_a_signal_ends_its_launcher_with_the_same_signal(pool: WarmPool, tmp_path: Path) -> None:
@@ -110,6 +111,7 @@ def test_a_rank_whose_environment_differs_starts_cold_and_the_pool_stops(pool: W
     deadline = time.monotonic() + 10
     while pool.off_reason is None:
         assert time.monotonic() < deadline
+        pool.keep(healthy=False)
         time.sleep(0.05)
     assert "CUDA_VISIBLE_DEVICES" in pool.off_reason
     assert pool.fill() == 0
@@ -134,3 +136,21 @@ def test_ckpt_run_starts_ranks_warm_and_records_them(tmp_path: Path) -> None:
     assert result["warm"] == "1" and result["threads"] == 1
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events][-1] == "finished"
+
+
+def test_a_taken_spare_is_replaced_by_a_fork_in_milliseconds_and_close_ends_the_spares(pool: WarmPool, tmp_path: Path) -> None:
+    proc = launch(pool, tmp_path, "0")
+    assert proc.wait(60) == 0
+    assert untaken(pool.directory) == []
+    pool._asked_at = -10.0  # as long after the last request as the pool waits between two
+    t0 = time.monotonic()
+    assert [name for name, _ in pool.keep(healthy=True)] == ["spares_started"]
+    while not untaken(pool.directory):
+        assert time.monotonic() - t0 < 5, (tmp_path / "warm.log").read_text()
+        time.sleep(0.005)
+    spares = [psutil.Process(pid) for pid in untaken(pool.directory)]
+    assert all(p.ppid() == pool.maker.pid for p in spares)  # forked by the maker, not a new interpreter
+    pool.close()
+    assert pool.maker.returncode == 0
+    for p in spares:
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
