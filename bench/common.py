@@ -449,6 +449,13 @@ def at_least(ratio: float, bound: float) -> tuple[str, bool]:
     return f">= {bound:g}", ratio >= bound
 
 
+def median_at_most(label: str, st: Stats, bound_s: float, reference: str = "", complete: bool = True) -> Row:
+    """A row of seconds judged on the median against an upper bound, the max shown beside it
+    (``complete``: False when some trials gave no value, which fails the row)."""
+    shown = f"max {st.max:.2f} s" + (f"; {reference}" if reference else "")
+    return Row(label, st.fmt(2, "s"), shown, round(st.median / bound_s, 3), f"median <= {bound_s:g} s", complete and st.median <= bound_s)
+
+
 def at_most(ratio: float, bound: float) -> tuple[str, bool]:
     return f"<= {bound:g}", ratio <= bound
 

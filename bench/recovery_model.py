@@ -4,7 +4,7 @@ How: no measurement of its own. ``ckpt_tool.core.recovery_time`` takes the per-p
 measured on this machine (figures 8 and 9: detection, teardown, new interpreters with torch,
 ``ckpt recover``'s fixed cost, ``resume()``'s fixed cost, one step) and the size of the job, and
 adds what grows with it: the start's check of the newest checkpoint (every byte hashed on one
-node, as ``ckpt recover`` did before #16, or its structure: one ``stat`` per file), the load (each
+node, as ``ckpt recover`` did before #16, or its structure: one ``stat`` per file, 16 at once), the load (each
 node reads its share; the hashes are checked as the bytes land), the rendezvous (one join per
 node at the store). Storage figures are assumptions, printed with the table and set by flags:
 one node reads at --node-read-gbps (its NIC or disk), all nodes together at --fs-aggregate-gbps.
@@ -48,7 +48,7 @@ def model(size_gb: float, node_read_gbps: float, fs_aggregate_gbps: float, ranks
         )
     result.notes.append(
         f"assumed storage: one node reads {node_read_gbps:g} GB/s, all nodes together {fs_aggregate_gbps:g} GB/s; "
-        f"{ranks_per_node} ranks per node; {Job(8, 0).files_per_rank} files per rank; a stat {Job(8, 0).metadata_op_s * 1e3:g} ms; "
+        f"{ranks_per_node} ranks per node; {Job(8, 0).files_per_rank} files per rank; a stat {Job(8, 0).metadata_op_s * 1e3:g} ms, {Job(8, 0).stat_threads} at once; "
         f"a rendezvous join {Job(8, 0).rendezvous_per_node_s * 1e3:g} ms per node"
     )
     result.notes.append(

@@ -195,7 +195,9 @@ class JobProcs:
             return "torchrun"
         if "ckpt_tool.cli.main" in cmd:
             return "ckpt_run" if "run" in cmd else None  # not `ckpt recover` / `ckpt note`
-        return "rank" if RECIPE in cmd else None
+        if "ckpt_tool.supervise.handoff" in cmd:
+            return "launcher"  # what torchrun started for a rank; a pre-warmed spare runs the rank
+        return "rank" if RECIPE in cmd else None  # a cold rank, or a spare that took a rank over (its title)
 
     def scan(self) -> None:
         """Find new processes of the job (every 0.2 s: they live for seconds at least)."""
@@ -211,12 +213,12 @@ class JobProcs:
             if role is None or stat is None or stat[0] == "Z":
                 continue
             entry: dict[str, Any] = {"role": role, "start": self.boot + stat[1] / CLK_TCK, "gone": None, "sock": None, "sock_mtime": None}
-            if role == "rank":
-                try:
+            if role in ("rank", "launcher"):
+                try:  # a warm rank's environment is not readable (its title took that memory)
                     env = p.environ()
                     sock = env.get("CKPT_HEARTBEAT_SOCKET")
-                    if sock:
-                        entry["sock"] = str(Path(sock).parent / f"rank{env.get('RANK', '0')}-{pid}.sock")
+                    if sock:  # the rank's own socket, named with the pid of the process that runs it
+                        entry["sock"] = (str(Path(sock).parent), f"rank{env.get('RANK', '0')}-*.sock")
                     entry["rank"] = int(env.get("RANK", "-1"))
                 except (self.psutil.Error, ValueError):
                     pass
@@ -230,10 +232,16 @@ class JobProcs:
             items = [(pid, e) for pid, e in self.procs.items() if e["gone"] is None]
         for pid, entry in items:
             if entry["sock"] and entry["sock_mtime"] is None:
-                try:
-                    entry["sock_mtime"] = os.stat(entry["sock"]).st_mtime
-                except OSError:
-                    pass
+                directory, pattern = entry["sock"]
+                mtimes = []
+                for path in Path(directory).glob(pattern):
+                    try:
+                        mtimes.append(path.stat().st_mtime)
+                    except OSError:
+                        pass
+                mtimes = [m for m in mtimes if m >= entry["start"] - 0.01]  # bound by this process, not an earlier one
+                if mtimes:
+                    entry["sock_mtime"] = min(mtimes)
             stat = proc_stat(pid)
             if stat is None or stat[0] == "Z":
                 entry["gone"] = now
@@ -361,7 +369,8 @@ def analyse(
     before = [t for s, t in lines if t < t_usr1]
     step_times = [b - a for a, b in zip(before, before[1:], strict=False)]
     old_ranks = procs.select("rank", 0, t_usr1)
-    new_ranks = procs.select("rank", job_start["time"])
+    # the processes torchrun started for the ranks: launchers (ranks run by pre-warmed spares) or cold ranks
+    new_ranks = procs.select("launcher", job_start["time"]) or procs.select("rank", job_start["time"])
     old_torchrun = procs.select("torchrun", 0, t_usr1)
     old_ckpt_run = procs.select("ckpt_run", 0, t_usr1)
     new_torchrun = procs.select("torchrun", job_start["time"])
@@ -414,6 +423,9 @@ def span(trial: dict[str, Any], a: str, b: str) -> float | None:
     x, y = trial["times"].get(a), trial["times"].get(b)
     return None if x is None or y is None else y - x
 
+
+OWN_PATH_TARGET_S = 12.0  # issue #16
+RANKS_GONE_TARGET_S = 1.0  # issue #16
 
 CHAIN_A = [
     ("(a) USR1 -> stop_requested event (trap, srun forwards USR1, ckpt run's next poll)", "usr1", "stop_requested"),
@@ -487,6 +499,24 @@ def report(trials: list[dict[str, Any]], cluster_note: str) -> Result:
     if whole is not None:
         label = "USR1 -> first resumed step, end to end" + (" (StartTime=now+1 trials)" if forced else "")
         result.rows.append(Row(label, whole.fmt(2, "s")))
+    # issue #16's measures: the job's own share of the path (SLURM's PENDING -> RUNNING left out)
+    own = [
+        a + b
+        for a, b in ((span(t, "usr1", "pending_seen"), span(t, "running_seen", "first_new_metrics_line")) for t in trials)
+        if a is not None and b is not None
+    ]
+    if own:
+        result.rows.append(
+            common.median_at_most(
+                "USR1 -> next step trained after the requeue, SLURM's scheduling delay (PENDING -> RUNNING) excluded",
+                Stats.of(own),
+                OWN_PATH_TARGET_S,
+                "(a) USR1 -> PENDING + RUNNING -> first new metrics line",
+            )
+        )
+    gone = stats_of(trials, "commit", "ranks_exited")
+    if gone is not None:
+        result.rows.append(common.median_at_most("commit of the stop checkpoint -> all ranks gone", gone, RANKS_GONE_TARGET_S))
 
     result.notes.append(split_note(trials, "(a) split of the checkpoint and stop segments", SPLIT_A))
     if frc is not None:

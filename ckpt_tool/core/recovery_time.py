@@ -4,8 +4,8 @@ Pure: the per-phase figures measured on one machine (BENCHMARKS.md figures 3, 8 
 size of the job go in, seconds per phase come out. What grows with the job:
 
 * the start's check of the newest checkpoint: hashing every byte on one node (``ckpt recover``
-  before #16: bytes / one node's read bandwidth) or its structure only (one ``stat`` per file:
-  files x the filesystem's metadata latency);
+  before #16: bytes / one node's read bandwidth) or its structure only (one ``stat`` per file,
+  16 at once: files x the filesystem's metadata latency / 16);
 * the load: each node reads its share, bounded by its own bandwidth and by the filesystem's
   aggregate bandwidth shared by all nodes (the hashes are checked as the bytes land: no second
   read);
@@ -48,6 +48,7 @@ class Job:
     node_read_bps: float = 2.0 * GB  # one node's read bandwidth from the checkpoint's storage (NIC or disk)
     fs_aggregate_bps: float = 200.0 * GB  # the shared filesystem's total read bandwidth, all nodes together
     metadata_op_s: float = 0.0005  # one stat on the shared filesystem
+    stat_threads: int = 16  # stats in flight at once (store.STAT_THREADS; the metadata server must keep up)
     rendezvous_per_node_s: float = 0.002  # one agent joining the rendezvous store
 
     @property
@@ -69,7 +70,7 @@ def check_seconds(job: Job, hash_on_one_node: bool) -> float:
     """The start's check of the newest checkpoint: every byte hashed on one node, or its structure."""
     if hash_on_one_node:
         return job.checkpoint_bytes / min(job.node_read_bps, job.fs_aggregate_bps)
-    return job.files * job.metadata_op_s
+    return job.files * job.metadata_op_s / job.stat_threads
 
 
 def phases(job: Job, m: Measured, path: str, hash_on_one_node: bool = False) -> dict[str, float]:

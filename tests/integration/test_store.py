@@ -15,11 +15,13 @@ from ckpt_tool.store.checksums import hash_files
 from ckpt_tool.store.store import CheckpointStore
 
 
-def stage(store: CheckpointStore, step: int, run_id: str = "run1", payload: bytes | None = None) -> Manifest:
-    """Write a staged checkpoint of two 'rank' files and return its manifest (not committed)."""
+def stage(store: CheckpointStore, step: int, run_id: str = "run1", payload: bytes | None = None, more_files: int = 0) -> Manifest:
+    """Write a staged checkpoint of two 'rank' files (and ``more_files`` small ones of rank 1)
+    and return its manifest (not committed)."""
     partial = store.partial_path(step)
     partial.mkdir()
     data = {"__0_0.distcp": payload or os.urandom(1000), "__1_0.distcp": os.urandom(500), ".metadata": b"meta"}
+    data.update({f"__1_{k}.distcp": os.urandom(k) for k in range(1, more_files + 1)})
     for name, content in data.items():
         (partial / name).write_bytes(content)
     digests = hash_files(partial, sorted(data), run_id, step)
@@ -63,9 +65,10 @@ def test_garbage_latest_is_reported_with_rollback_hint(store):
     assert "LATEST" in err.value.message and "rollback" in err.value.hint
 
 
+@pytest.mark.parametrize("more_files", [0, 100], ids=["3 files", "103 files: stats in parallel"])
 @pytest.mark.parametrize("damage", ["bitflip", "truncate", "delete", "extra", "symlink"])
-def test_validate_names_each_problem(store, tmp_path, damage):
-    commit(store, 10)
+def test_validate_names_each_problem(store, tmp_path, damage, more_files):
+    commit(store, 10, more_files=more_files)
     d = store.step_path(10)
     shard = d / "__0_0.distcp"
     if damage == "bitflip":
