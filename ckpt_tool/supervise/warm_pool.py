@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ckpt_tool.supervise.processes import ignore_usr1
+from ckpt_tool.supervise.processes import ignore_usr1, kill_tree
 from ckpt_tool.supervise.warm_rank import REFUSED_SUFFIX
 from ckpt_tool.supervise.zygote import WARMING_SUFFIX, untaken
 
@@ -108,7 +108,6 @@ class WarmPool:
         except OSError:
             pass
         try:
-            self.maker.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.maker.kill()
-            self.maker.wait()
+            self.maker.wait(timeout=2)
+        except subprocess.TimeoutExpired:  # a child it could not end: ckpt run must not wait on it
+            kill_tree([self.maker.pid], 0.0)
