@@ -113,6 +113,7 @@ def run(
     from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
 
     timeouts = TimeoutPolicy(overrides=_parse_timeouts(timeout))
+    _check_importable(warm_import)
     if ckpt_dir is not None:
         check_ckpt_dir_agrees(command, ckpt_dir)
     cfg = RunConfig(
@@ -142,6 +143,21 @@ def run(
     else:
         code = Watchdog(cfg, report=lambda record: print(_human_event(record), file=sys.stderr, flush=True)).run()
     raise typer.Exit(code)
+
+
+def _check_importable(modules: list[str]) -> None:
+    """A ``--warm-import`` typo is a usage error now, not a spare maker that dies at every start.
+    Only the top-level package is looked up (finding a submodule imports its parents)."""
+    import importlib.util
+
+    for name in modules:
+        top = name.split(".")[0]
+        if not top.isidentifier() or importlib.util.find_spec(top) is None:
+            raise CkptError(
+                f"--warm-import {name}: no module {top!r} for this Python ({sys.executable})",
+                "give a module the training script itself imports (importable here), or leave --warm-import out",
+                ExitCode.USAGE,
+            )
 
 
 def _status_line(status: dict[str, Any]) -> str:

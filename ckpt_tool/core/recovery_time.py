@@ -11,8 +11,8 @@ size of the job go in, seconds per phase come out. What grows with the job:
   read);
 * the rendezvous: every agent joins one store (a per-node cost at the store host).
 
-What does not grow: detection, the teardown, new interpreters importing torch and building the
-model (every node in parallel), one step.
+What does not grow: detection, the teardown, the new ranks' start (a pre-warmed spare in the
+allocation; after a requeue, new interpreters importing torch on every node in parallel), one step.
 """
 
 from __future__ import annotations
@@ -27,14 +27,17 @@ CHECK = "ckpt recover: check of the newest checkpoint"
 class Measured:
     """Per-phase seconds measured on this machine (defaults: BENCHMARKS.md, 2-rank recipe)."""
 
-    detect_crash_s: float = 0.06  # figure 8 (2): SIGKILL -> rank_exited
-    detect_hang_s: float = 5.01  # figure 8 (2): SIGSTOP -> hang (the step timeout, calibrated)
-    teardown_s: float = 0.29  # figure 8 (4): hang -> the agent has stopped the old ranks
-    restart_s: float = 5.31  # figure 8 (4): new rank processes -> first beat (interpreter, torch, init, model)
-    job_start_s: float = 3.3  # figure 9 (b)+(c): RUNNING -> job_start + recover done -> ckpt run start (srun, interpreter)
-    recover_fixed_s: float = 0.8  # `ckpt recover` without torch (README; 4.5 s with torch, figure 9 (c))
-    resume_fixed_s: float = 0.8  # figure 8 (4): resume() of the recipe's 2 MB checkpoint (plans, collectives, probe)
-    step_s: float = 0.11  # figure 9 (c): one training step of the recipe
+    detect_crash_s: float = 0.03  # figure 8 (2): SIGKILL -> rank_exited
+    detect_hang_s: float = 5.02  # figure 8 (2): SIGSTOP -> hang (the step timeout, calibrated)
+    teardown_s: float = 0.10  # figure 8 (4): hang -> the old ranks ended (SIGTERM, SIGKILL 0.5 s later at most)
+    restart_s: float = 0.82  # figure 8 (4): -> first beat of the new ranks in the allocation (pre-warmed spares: no imports)
+    cold_start_s: float = 5.83  # figure 9 (c): ckpt run start -> first beat on a fresh node (torchrun and the spare maker import torch)
+    job_start_s: float = (
+        2.2  # figure 9 (b)+(c): RUNNING -> job_start 0.56 + recover done -> ckpt run start 1.64 (scontrol, free-port, srun)
+    )
+    recover_fixed_s: float = 1.39  # figure 9 (c): job_start -> recover done (`ckpt nodes`, `ckpt recover` without torch)
+    resume_fixed_s: float = 0.7  # figure 8 (4): resume() of the recipe's 2 MB checkpoint (plans, collectives, probe)
+    step_s: float = 0.14  # figure 9 (c): one training step of the recipe
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def phases(job: Job, m: Measured, path: str, hash_on_one_node: bool = False) -> 
     else:
         out["detection"] = m.detect_crash_s if path == "crash" else m.detect_hang_s
         out["teardown"] = m.teardown_s
-    out["new ranks: interpreter, torch, init, model"] = m.restart_s
+    out["new ranks: start, init, model"] = m.cold_start_s if path == "requeue" else m.restart_s
     out["rendezvous"] = job.nodes * job.rendezvous_per_node_s
     out["load (hash-checked as read)"] = m.resume_fixed_s + load_seconds(job)
     out["first step"] = m.step_s

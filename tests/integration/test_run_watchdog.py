@@ -197,3 +197,26 @@ def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervis
         env={k: v for k, v in os.environ.items() if k != "CKPT_DIR"},
     )
     assert no_dir.returncode == 2 and "--ckpt-dir" in no_dir.stderr
+
+
+def test_a_warm_import_that_does_not_exist_is_a_usage_error_before_anything_starts(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_tool.cli.main",
+            "run",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--warm-import",
+            "no_such_module_xyz",
+            "--",
+            "t.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == ExitCode.USAGE
+    assert "--warm-import no_such_module_xyz: no module 'no_such_module_xyz'" in done.stderr and "leave --warm-import out" in done.stderr
+    assert not (tmp_path / "run" / "events.jsonl").exists()
