@@ -134,7 +134,8 @@ def test_crash_loop_is_stopped_with_a_clear_message(supervised):
     assert s.run() == ExitCode.CRASH_LOOP, s.log_tail()
     [loop] = [e for e in s.events() if e["event"] == "crash_loop"]
     assert "2 failures in a row without a new checkpoint (past checkpoint step 5)" in loop["message"]
-    assert "crash loop" in s.log_tail()
+    # the whole log: torchrun's traceback on the teardown SIGTERM may be written after ckpt run's line
+    assert "crash loop" in s.log_tail(chars=10**7)
 
 
 def test_a_fresh_run_logs_no_resume_and_ends_with_a_checkpoint_of_its_last_step(supervised):
