@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ckpt_tool.core.handoff import env_conflicts
+from ckpt_tool.core.handoff import EXIT, READY, WARMING, env_conflicts
 
 ENV_POOL = "CKPT_WARM_POOL"
 WAIT_FOR_WARMING_S = 120.0  # a spare still importing is ahead of a cold start: wait for it
-WAIT_FOR_STATUS_S = 10.0  # the pool writes a spare's exit status as soon as it reaps it
+WAIT_FOR_STATUS_S = 10.0  # the spare maker writes a rank's exit status as soon as it reaps it
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2, signal.SIGCONT)
 _LEN = struct.Struct("!I")
 
@@ -67,7 +67,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def status_path(pool: Path, pid: int) -> Path:
-    return pool / f"{pid}.exit"
+    return pool / f"{pid}{EXIT}"
 
 
 # ----------------------------------------------------------------------------- the launcher
@@ -86,7 +86,7 @@ def claim(pool: Path, wait_s: float = WAIT_FOR_WARMING_S) -> socket.socket | Non
     None when no spare is ready or still warming up within ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
-        for ready in sorted(pool.glob("*.sock")):
+        for ready in sorted(pool.glob(f"*{READY}")):
             taken = ready.with_suffix(".taken")
             try:
                 os.rename(ready, taken)
@@ -100,7 +100,7 @@ def claim(pool: Path, wait_s: float = WAIT_FOR_WARMING_S) -> socket.socket | Non
                 sock.close()  # the spare died after it got ready
             finally:
                 taken.unlink(missing_ok=True)
-        warming = [p for p in pool.glob("*.warming") if p.stem.isdigit() and _alive(int(p.stem))]
+        warming = [p for p in pool.glob(f"*{WARMING}") if p.stem.isdigit() and _alive(int(p.stem))]
         if not warming or time.monotonic() > deadline:
             return None
         time.sleep(0.01)

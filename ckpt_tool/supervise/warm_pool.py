@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ckpt_tool.core.handoff import REFUSED, WARMING
 from ckpt_tool.supervise.processes import ignore_usr1, kill_tree
-from ckpt_tool.supervise.warm_rank import REFUSED_SUFFIX
-from ckpt_tool.supervise.zygote import WARMING_SUFFIX, untaken
+from ckpt_tool.supervise.zygote import untaken
 
 __all__ = ["WarmPool"]
 
@@ -49,7 +49,7 @@ class WarmPool:
                 start_new_session=True,
                 preexec_fn=ignore_usr1,
             )
-        (directory / f"{self.maker.pid}{WARMING_SUFFIX}").touch()  # launchers wait for its imports
+        (directory / f"{self.maker.pid}{WARMING}").touch()  # launchers wait for its imports
 
     # ------------------------------------------------------------------ spares
     def ready(self) -> int:
@@ -75,7 +75,7 @@ class WarmPool:
     def _check(self) -> None:
         if self.off_reason is not None:
             return
-        refused = sorted(self.directory.glob(f"*{REFUSED_SUFFIX}"))
+        refused = sorted(self.directory.glob(f"*{REFUSED}"))
         if refused:
             self.off_reason = f"a launcher refused a spare: {refused[0].read_text()}"
         elif self.maker.poll() is not None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ckpt_tool.core.handoff import WARM_MARKER, process_title, script_of, threads_to_apply
+from ckpt_tool.core.handoff import READY, REFUSED, WARM_MARKER, process_title, script_of, threads_to_apply
 from ckpt_tool.supervise.handoff import recv_frame, send_frame
 
 PRELOAD = (
@@ -43,7 +43,6 @@ PRELOAD = (
     "ckpt_tool.training.mesh",
     "ckpt_tool.training.grad_norm",
 )
-REFUSED_SUFFIX = ".refused"
 
 
 def _title_setter() -> Callable[[str], None] | None:
@@ -63,7 +62,7 @@ def wait_for_launcher(pool: Path, parent: int, ready: int) -> socket.socket:
     (the spare maker) is gone."""
     me = os.getpid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(pool / f"{me}.sock"))
+    listener.bind(str(pool / f"{me}{READY}"))
     listener.listen(1)
     os.write(ready, b"1")  # tell the spare maker
     os.close(ready)
@@ -187,7 +186,7 @@ def serve(pool: Path, maker: int, spawned_with: dict[str, str], ready: int) -> N
     except (OSError, ValueError, KeyError):
         os._exit(0)  # the launcher died before it said what to run
     if not message.get("go"):
-        (pool / f"{os.getpid()}{REFUSED_SUFFIX}").write_text(str(message.get("why", "refused")))
+        (pool / f"{os.getpid()}{REFUSED}").write_text(str(message.get("why", "refused")))
         os._exit(0)
     leave(*run_command(take_over(conn, message, fds, set_title)))
 

@@ -30,11 +30,11 @@ import warnings
 from pathlib import Path
 from typing import NoReturn
 
+from ckpt_tool.core.handoff import READY, WARMING
 from ckpt_tool.supervise.handoff import status_path
 from ckpt_tool.supervise.warm_rank import PRELOAD, serve
 
 REAP_EVERY_S = 0.02  # a launcher waits for its rank's exit status this long at most
-WARMING_SUFFIX = ".warming"
 # Python 3.12 warns at every fork of a process with several threads (torch's import starts one).
 warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks.*", category=DeprecationWarning)
 
@@ -86,11 +86,11 @@ def reap(pool: Path) -> int:
         partial = pool / f".{pid}.exit.partial"
         partial.write_text(str(code))
         os.replace(partial, status_path(pool, pid))  # the launcher never reads half a number
-        (pool / f"{pid}.sock").unlink(missing_ok=True)
+        (pool / f"{pid}{READY}").unlink(missing_ok=True)
 
 
 def untaken(pool: Path) -> list[int]:
-    return [int(p.stem) for p in pool.glob("*.sock") if p.stem.isdigit()]
+    return [int(p.stem) for p in pool.glob(f"*{READY}") if p.stem.isdigit()]
 
 
 def main(argv: list[str]) -> NoReturn:
@@ -112,7 +112,7 @@ def main(argv: list[str]) -> NoReturn:
                 break  # ckpt run closed the pipe (or is gone)
             wanted = max((int(line.split()[1]) for line in data.split(b"\n") if line.strip()), default=0)
             wait_listening([fork_spare(pool, spawned_with)[1] for _ in range(wanted - len(untaken(pool)))], 5.0)
-            (pool / f"{os.getpid()}{WARMING_SUFFIX}").unlink(missing_ok=True)  # launchers stop waiting for imports
+            (pool / f"{os.getpid()}{WARMING}").unlink(missing_ok=True)  # launchers stop waiting for imports
         reap(pool)
     for pid in untaken(pool):
         with contextlib.suppress(ProcessLookupError):
