@@ -1,6 +1,6 @@
 """The one error type of ckpt-tool: a message that says what is wrong and a hint that says what to do.
 
-The CLI turns it into a friendly message in one place (``ckpt_tool.cli.main``); library callers
+The CLI turns it into a friendly message in one place (``ckpt_tool.cli.app``); library callers
 can catch it and read ``.message``, ``.hint`` and ``.exit_code``.
 """
 

@@ -11,7 +11,6 @@ import typer
 from ckpt_tool.cli.output import Column, out, print_table
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, read_metrics, recipe_args, run, torchrun_command
-from ckpt_tool.store.store import CheckpointStore
 
 console = out
 
@@ -58,6 +57,8 @@ def _run_demo(root: Path, nproc: int, steps: int, save_every: int, crash_at: int
         code, ckpt, metrics = _launch(root, "crashed", nproc, steps, save_every, "--crash-at-step", str(crash_at), *mode)
     if code == 0:
         raise CkptError("the crash run was not killed", "report this: the crash hook of the recipe did not fire", ExitCode.FAILED)
+    from ckpt_tool.store.store import CheckpointStore
+
     latest = CheckpointStore(ckpt).read_latest()
     console.print(f"[red]2/3[/] rank 0 killed with SIGKILL at step {crash_at} (exit {code}); LATEST names step {latest}")
 

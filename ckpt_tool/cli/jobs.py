@@ -312,16 +312,13 @@ def note_cmd(
     data: list[str] = typer.Argument(None, help="KEY=VALUE pairs."),
 ) -> None:
     """Append an event to RUN_DIR/events.jsonl (used by the sbatch script)."""
-    from ckpt_tool.supervise.events import note
+    from ckpt_tool.cli.main import note
 
-    fields = dict(item.partition("=")[::2] for item in data or [])
-    note(run_dir, event, **fields)
+    note(run_dir, event, data or [])
 
 
 def free_port() -> None:
     """Print a TCP port that is free on this host now (the sbatch script's rendezvous port)."""
-    import socket
+    from ckpt_tool.cli.main import free_port as pick
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        print(s.getsockname()[1])
+    print(pick())

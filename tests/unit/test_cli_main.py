@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ckpt_tool import __version__
-from ckpt_tool.cli.main import main, split_debug
+from ckpt_tool.cli.app import main as whole_cli
+from ckpt_tool.cli.app import split_debug
+from ckpt_tool.cli.main import answered_at_once, main
 
 
 def ckpt(capsys, *args: str) -> tuple[int, str, str]:
@@ -65,3 +69,44 @@ def test_the_training_commands_debug_flag_reaches_the_script(capsys, tmp_path):
     code, out, err = ckpt(capsys, "submit", "--ckpt-dir", str(tmp_path / "c"), "--dry-run", "--", "train.py", "--debug")
     assert code == 0, err
     assert "train.py --debug" in out
+
+
+@pytest.mark.parametrize(
+    "argv, at_once",
+    [
+        (["free-port"], True),
+        (["note", "run", "job_start", "job_id=7", "restarts=0"], True),
+        (["note", "run", "requeue"], True),
+        (["free-port", "--help"], False),
+        (["note", "run"], False),  # missing EVENT: the whole CLI's usage error
+        (["note", "", "x"], False),
+        (["note", "run", "x", "--debug"], False),
+        (["--debug", "note", "run", "x"], False),
+        (["list", "d"], False),
+        ([], False),
+    ],
+)
+def test_only_the_batch_scripts_own_call_shapes_skip_the_whole_cli(argv, at_once):
+    assert answered_at_once(argv) is at_once
+
+
+@pytest.mark.parametrize("entry", [main, whole_cli], ids=["at-once", "whole-cli"])
+def test_note_appends_the_same_record_either_way(tmp_path, entry):
+    with pytest.raises(SystemExit) as exit_info:
+        entry(["note", str(tmp_path / "run"), "requeue", "restarts=1", "reason=stopped by USR1", "flag"])
+    assert exit_info.value.code in (0, None)
+    [record] = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert record.pop("time") > 0
+    assert record == {"event": "requeue", "restarts": "1", "reason": "stopped by USR1", "flag": ""}
+
+
+@pytest.mark.parametrize("entry", [main, whole_cli], ids=["at-once", "whole-cli"])
+def test_note_into_a_run_dir_that_cannot_be_made_is_a_usage_error(capsys, tmp_path, entry):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(SystemExit) as exit_info:
+        entry(["note", str(blocker / "run"), "job_start"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_info.value.code == 2
+    assert f"cannot append to {blocker / 'run' / 'events.jsonl'}" in err and "hint:" in err
+    assert blocker.read_text() == "not a directory"
