@@ -29,6 +29,26 @@ def torchrun_command(nproc: int, recipe_args: Sequence[str], module: str = RECIP
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *recipe_args]
 
 
+def node_command(node_rank: int, nnodes: int, nproc: int, endpoint: str, recipe_args: Sequence[str], module: str = RECIPE) -> list[str]:
+    """torchrun's agent for node ``node_rank`` of ``nnodes``, meeting at ``endpoint`` (host:port,
+    static rendezvous: node i has ranks i*nproc..): several of them on one machine stand for
+    several nodes (each with its own ``CKPT_LOCAL_DIR``)."""
+    host, _, port = endpoint.rpartition(":")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={nproc}",
+        f"--master-addr={host}",
+        f"--master-port={port}",
+        "-m",
+        module,
+        *recipe_args,
+    ]
+
+
 def ckpt_run_command(
     nproc: int, run_dir: Path, recipe_args: Sequence[str], run_opts: Sequence[str] = (), module: str = RECIPE
 ) -> list[str]:

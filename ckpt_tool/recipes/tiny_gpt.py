@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--metrics", type=Path, required=True)
     p.add_argument("--async-save", action="store_true")
+    p.add_argument("--local-every", type=int, default=0, help="fast tier: save to node-local storage every K steps (0: off)")
+    p.add_argument(
+        "--local-dir", type=Path, help="fast tier directory (default /dev/shm/ckpt-USER-JOB; $CKPT_LOCAL_DIR overrides per node)"
+    )
+    p.add_argument("--local-replicas", type=int, default=1, help="fast tier: copies kept on other nodes")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (attention and MLP); data parallel takes the other ranks")
     p.add_argument("--micro-batch", type=int)
     p.add_argument("--grad-accum", type=int)
@@ -179,6 +184,9 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             args.ckpt_dir,
             save_every=args.save_every,
             async_save=args.async_save,
+            local_every=args.local_every,
+            local_dir=args.local_dir,
+            local_replicas=args.local_replicas,
             retention=RetentionPolicy(args.keep_last, args.keep_every),
             entry_point=ENTRY_POINT,
             entry_kwargs={"seq_len": c.seq_len, "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head, "vocab": c.vocab},

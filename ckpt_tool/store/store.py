@@ -316,10 +316,6 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         partial.mkdir(exist_ok=True)
         return partial
 
-    def write_staged(self, step: int, name: str, data: bytes) -> None:
-        """One small file of a rank into the staging directory (temp + fsync + rename)."""
-        atomic_write(self.partial_path(step) / name, data)
-
     def discard_staging(self, step: int) -> None:
         """Remove what a failed save staged; the previous checkpoint is untouched."""
         shutil.rmtree(self.partial_path(step), ignore_errors=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import xxhash
 
@@ -18,6 +19,7 @@ from ckpt_tool.core.manifest import FileEntry, Manifest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
+from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.hashing_fs import HashingFileSystem
@@ -41,22 +43,29 @@ def commit_staged(
 
 def staged_entries(store: CheckpointStore, step: int, run_id: str, fs: HashingFileSystem, rank: int, rank_json: bytes) -> list[FileEntry]:
     """Write ``rank``'s JSON state into the staging directory; the entries of every file of that
-    rank there, with the hashes ``fs`` computed as DCP wrote (anything else is read back).
-    Raises what failed while DCP wrote (a writer thread's error does not fail DCP's save)."""
+    rank there (see ``written_entries``)."""
+    return written_entries(store.partial_path(step), step, run_id, fs, rank, rank_json, lambda name: layout.rank_of_file(name) == rank)
+
+
+def written_entries(
+    directory: Path, step: int, run_id: str, fs: HashingFileSystem, rank: int, rank_json: bytes, mine: Callable[[str], bool]
+) -> list[FileEntry]:
+    """Write ``rank``'s JSON state into ``directory`` (temp + fsync + rename); the entries of the
+    files there that are ``mine``, with the hashes ``fs`` computed as DCP wrote (anything else is
+    read back). Raises what failed while DCP wrote (a writer thread's error does not fail DCP's save)."""
     fs.raise_write_failure()
-    partial = store.partial_path(step)
     state_name = layout.rank_state_name(rank)
-    store.write_staged(step, state_name, rank_json)
+    atomic_write(directory / state_name, rank_json)
     digests = {
         **fs.written,
         state_name: FileDigest(
             state_name, len(rank_json), xxhash.xxh3_128_hexdigest(rank_json, seed=binding_seed(run_id, step, state_name))
         ),
     }
-    mine = sorted(n for n in os.listdir(partial) if layout.rank_of_file(n) == rank)
-    unhashed = [n for n in mine if n not in digests]  # not written through DCP's stream: read back
-    digests.update({d.name: d for d in hash_files(partial, unhashed, run_id, step)})
-    return [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in mine]
+    names = sorted(n for n in os.listdir(directory) if mine(n) or n == state_name)
+    unhashed = [n for n in names if n not in digests]  # not written through DCP's stream: read back
+    digests.update({d.name: d for d in hash_files(directory, unhashed, run_id, step)})
+    return [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in names]
 
 
 def commit_entries(

@@ -43,6 +43,14 @@ class CheckpointConfig:
         take_over: write even if another live job owns the directory.
         save_final: ``close()`` saves the last step given to ``maybe_save()`` if it is not saved.
         owner_stale_after_s: an owning job not seen for this long is presumed dead.
+        local_every: the fast tier: every this many steps (0: off) each rank saves its shards to
+            a node-local directory and a peer rank on another node keeps a copy; a resume takes
+            the newest step whose every rank's files are held somewhere, local or shared.
+        local_dir: the node-local directory (tmpfs or NVMe); the environment variable
+            ``CKPT_LOCAL_DIR`` overrides it per node. Default: ``/dev/shm/ckpt-USER-JOBID``.
+        local_replicas: how many other nodes keep a copy of each rank's local checkpoint.
+        local_keep: local steps kept per rank (older ones, and any not newer than the newest
+            shared checkpoint, are deleted).
 
     Raises:
         ValueError: a value out of range (the message names it).
@@ -63,6 +71,10 @@ class CheckpointConfig:
     take_over: bool = False
     save_final: bool = True
     owner_stale_after_s: float = 300.0
+    local_every: int = 0
+    local_dir: Path | str | None = None
+    local_replicas: int = 1
+    local_keep: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.save_every, int) or self.save_every < 0:
@@ -71,5 +83,11 @@ class CheckpointConfig:
             raise ValueError(f"on_save_error must be 'stop' or 'continue', got {self.on_save_error!r}")
         if self.io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {self.io_threads!r}")
+        for name in ("local_every", "local_replicas"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.local_keep, int) or self.local_keep < 1:
+            raise ValueError(f"local_keep must be an integer >= 1, got {self.local_keep!r}")
         if self.max_fallbacks < 0:
             raise ValueError(f"max_fallbacks must be >= 0, got {self.max_fallbacks!r}")

@@ -40,9 +40,11 @@ from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.reshard import ReshardPlan
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training import state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig, Stateful
 from ckpt_tool.training.heartbeat import Heartbeat, heartbeat
+from ckpt_tool.training.local_tier import LocalTier
 from ckpt_tool.training.mesh import run_mesh
 from ckpt_tool.training.ownership import DirectoryClaim
 from ckpt_tool.training.probe import ProbeSpec, current_env
@@ -138,6 +140,7 @@ class CheckpointManager:
         self.mesh: Mesh = run_mesh(mesh if mesh is not None else parallelism, self.comm.world_size, must_divide)
         env = lambda: current_env(model, self.mesh)  # noqa: E731
         self.saver = Saver(config, self.state, probe, self.store, self.comm, self.hb, env, self.mesh, before_commit)
+        self.local = LocalTier(config, self.store.root, self.comm, self.mesh, env) if config.local_every else None
         self.request = BatchRequest.of(batch)
         self._batch_error: CkptError | None = None
         try:  # a fresh start's split; a resume re-plans it from the checkpoint
@@ -212,6 +215,14 @@ class CheckpointManager:
         """
         self.saver.wait()
         self.claim.ensure()
+        if self.local is not None:
+            local = self.local.resume(self.state, self.comm.on_coordinator(self.saver.newest_in_directory))
+            if local is not None:
+                self.saver.run_id, self.saver.batch, self.saver.last_saved_step = local.run_id, local.batch, local.step
+                self.extra = self.state.restore(local.rank_state)
+                self.hb.resumed(local.step)
+                self.hb.beat(local.step, "step")
+                return local.step
         resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request, self.mesh).run()
         if resumed is None:
             self.hb.beat(0, "step")
@@ -240,6 +251,8 @@ class CheckpointManager:
         if stop or (self.config.save_every and step % self.config.save_every == 0):
             self.save(step, extra)
             saved = True
+        elif self.local is not None and self.local.due(step):
+            saved = self._save_local(step, extra)
         if stop:
             self.close()
             self.hb.send_event("stopped", step=step)
@@ -265,6 +278,23 @@ class CheckpointManager:
         with self.hb.phase("checkpoint"):
             self.claim.ensure()  # a script that saves without resume() first
             self.saver.save(step, extra)
+
+    def _save_local(self, step: int, extra: dict[str, Any] | None) -> bool:
+        """A save to the fast tier: the shards copied to CPU memory now, written and copied to
+        the peers in the save thread. False when the tier is off (no room)."""
+        assert self.local is not None
+        local = self.local
+        with self.hb.phase("checkpoint"):
+            self.claim.ensure()
+            self.saver.wait()  # one save in flight, of either tier: they share the save thread's collectives
+            run_id = self.saver.ensure_run_id()
+            staged = local.stage(self.state)
+            if staged is None:
+                return False
+            rank_json = state_codec.dumps(self.state.capture(step, extra))
+            batch, saver = self.saver.batch, self.saver
+            saver.in_background(lambda: local.write(staged, step, rank_json, run_id, batch, saver.committed_step))
+        return True
 
     # ------------------------------------------------------------------ waiting and shutdown
     def wait_for_staging(self) -> None:
@@ -296,6 +326,8 @@ class CheckpointManager:
             self._closed = True
         try:
             self.saver.wait(timeout=self.config.exit_wait_s if timeout is None else timeout)
+            if self.local is not None and want_final and sys.exc_info()[0] is None and self.saver.committed_step == self._last_step:
+                self.local.clean_up()  # the last step is in the shared tier: the local copies are of no more use
         finally:
             self.claim.stop()
             self.saver.shutdown()

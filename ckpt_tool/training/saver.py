@@ -63,6 +63,7 @@ class Saver:
         self.run_id: str | None = None
         self.batch: BatchConfig | None = None
         self.last_saved_step: int | None = None
+        self.committed_step: int | None = None  # the newest step this run committed to the shared tier
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-commit")
         self._inflight: Future | None = None
         self._staging: Future | None = None
@@ -72,8 +73,7 @@ class Saver:
     def save(self, step: int, extra: dict[str, Any] | None) -> None:
         self.wait()  # at most one save in flight
         self._check_step_grows(step)
-        if self.run_id is None:
-            self.run_id = self.comm.broadcast(uuid.uuid4().hex[:16] if self.comm.is_coordinator else None)
+        self.ensure_run_id()
         model, optimizer = self.state.model, self.state.optimizer
         lr = float(optimizer.param_groups[0]["lr"])
         probe = measure(model, self.probe, lr, step) if self.probe is not None else None
@@ -122,6 +122,18 @@ class Saver:
                 return
         self.last_saved_step = step
 
+    def ensure_run_id(self) -> str:
+        """The run's id (resumed, or made by rank 0 at the first save). Collective the first time."""
+        if self.run_id is None:
+            self.run_id = self.comm.broadcast(uuid.uuid4().hex[:16] if self.comm.is_coordinator else None)
+        assert self.run_id is not None
+        return self.run_id
+
+    def in_background(self, work: Callable[[], None]) -> None:
+        """Run ``work`` in the save thread, as the in-flight save (``wait()`` waits for it)."""
+        self.wait()
+        self._inflight = self._executor.submit(work)
+
     def _check_step_grows(self, step: int) -> None:
         """Refuse a save behind the newest checkpoint: LATEST would move back, and the next start
         would roll forward to the newer-numbered (older) checkpoint. The same step again is a
@@ -129,7 +141,7 @@ class Saver:
         is asked (one listing, on rank 0)."""
         newest = self.last_saved_step
         if newest is None:
-            newest = self.comm.on_coordinator(self._newest_in_directory)
+            newest = self.comm.on_coordinator(self.newest_in_directory)
         if newest is not None and step < newest:
             raise CkptError(
                 f"save({step}): {self.store.root} already holds checkpoint step {newest}; steps must not go back",
@@ -137,7 +149,7 @@ class Saver:
                 ExitCode.USAGE,
             )
 
-    def _newest_in_directory(self) -> int | None:
+    def newest_in_directory(self) -> int | None:
         """The highest step LATEST or a committed directory names (one listing)."""
         latest = self.store.latest_or_none()
         return max([*self.store.committed_on_disk(), *([] if latest is None else [latest])], default=None)
@@ -194,6 +206,7 @@ class Saver:
             commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
         except (CkptError, OSError) as exc:
             raise self._failed(step, exc) from None
+        self.committed_step = step
         self.hb.checkpoint_committed(step)
 
     # ------------------------------------------------------------------ failures

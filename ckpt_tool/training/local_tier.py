@@ -1,0 +1,322 @@
+"""The fast tier: each rank's shards saved to a node-local directory every few steps, a copy
+kept by a rank on another node, and resumed from when it is newer than the shared tier.
+
+A local save copies the rank's shards (the local parts of its DTensors) to CPU memory while
+training waits, then, in the save thread: writes them as a single-process DCP checkpoint with
+the rank's JSON state and a manifest of seeded hashes (``rank_R/step_N``, see
+``core.local_tier``), agrees with every rank that all were written, sends the directory to its
+peers (``local_wire``) and deletes what is no longer needed. A node without room, or a failed
+write, turns the tier off for the run with a warning: training goes on with the shared tier.
+
+Resume (collective): every rank checks the copies its node holds (hashes), the ranks agree on
+the newest step that is complete across the job and newer than the shared tier's newest, the
+holders send the copies a rank lacks, and every rank loads its own. Any problem: the shared tier
+serves. Only the mesh that wrote a local step can load it (a reshard goes through the shared tier).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
+
+from ckpt_tool.core import layout
+from ckpt_tool.core import local_tier as rules
+from ckpt_tool.core.batch import BatchConfig
+from ckpt_tool.core.manifest import Manifest
+from ckpt_tool.core.mesh import Mesh
+from ckpt_tool.errors import CkptError
+from ckpt_tool.store.checksums import binding_seed, hash_files
+from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.training import local_wire, state_codec
+from ckpt_tool.training.comm import Comm
+from ckpt_tool.training.commit import written_entries
+from ckpt_tool.training.config import CheckpointConfig
+from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
+from ckpt_tool.training.rank_state import TrainingState
+from ckpt_tool.training.safe_dcp import load_state
+from ckpt_tool.training.torch_state import live_state
+
+log = logging.getLogger("ckpt_tool")
+ENV_LOCAL_DIR = "CKPT_LOCAL_DIR"
+
+
+@dataclass(frozen=True)
+class LocalResumed:
+    step: int
+    run_id: str
+    batch: BatchConfig | None
+    rank_state: dict[str, Any]
+
+
+def local_views(tree: Any) -> Any:
+    """The state dict with each DTensor replaced by its local shard (the same storage)."""
+    if isinstance(tree, DTensor):
+        return tree.to_local()
+    if isinstance(tree, dict):
+        return {k: local_views(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [local_views(v) for v in tree]
+    return tree
+
+
+def write_back(live: Any, loaded: Any) -> Any:
+    """Put what DCP loaded into ``local_views(live)`` back into ``live``: tensors were filled in
+    place; values DCP replaced (numbers, a tensor it could not fill) are set or copied in."""
+    if isinstance(live, dict):
+        for k in live:
+            live[k] = write_back(live[k], loaded[k])
+        return live
+    if isinstance(live, list):
+        return [write_back(a, b) for a, b in zip(live, loaded, strict=True)]
+    if isinstance(live, torch.Tensor):
+        target = live.to_local() if isinstance(live, DTensor) else live
+        if loaded is not target:
+            target.copy_(loaded)
+        return live
+    return loaded
+
+
+def to_cpu(tree: Any) -> Any:
+    """A copy of the state in CPU memory (what the save thread writes while training goes on)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [to_cpu(v) for v in tree]
+    return tree
+
+
+def tensor_bytes(tree: Any) -> int:
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, list):
+        return sum(tensor_bytes(v) for v in tree)
+    return 0
+
+
+class LocalTier:
+    """One run's fast tier on this rank (collective: every rank makes one and calls every method)."""
+
+    def __init__(self, config: CheckpointConfig, ckpt_root: Path, comm: Comm, mesh: Mesh, env: Callable[[], dict[str, Any]]) -> None:
+        self.config, self.comm, self.mesh, self.env = config, comm, mesh, env
+        self.ckpt_dir = str(ckpt_root.resolve())
+        given = os.environ.get(ENV_LOCAL_DIR) or (str(config.local_dir) if config.local_dir else None)
+        self.root = Path(given or rules.default_root(os.environ, getpass.getuser(), self.ckpt_dir))
+        error = None
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            error = f"{self.root}: {exc.strerror or exc}"
+        # ranks sharing a directory share a fate: a node is a host and its local directory
+        self.nodes: tuple[str, ...] = tuple(comm.all_gather(f"{socket.gethostname()}:{self.root.resolve()}"))
+        self.peers = rules.peers(self.nodes, config.local_replicas)
+        self.active = True
+        errors = [e for e in comm.all_gather(error) if e]
+        if errors:
+            self._turn_off(f"no local directory ({errors[0]})")
+        elif comm.is_coordinator and config.local_replicas and len(set(self.nodes)) < 2:
+            log.warning("ckpt: local tier: all ranks share one node (%s): no peer copies, a lost node loses its local steps", self.root)
+
+    def due(self, step: int) -> bool:
+        return self.active and self.config.local_every > 0 and step % self.config.local_every == 0
+
+    def _turn_off(self, why: str) -> None:
+        self.active = False
+        if self.comm.is_coordinator:
+            log.warning("ckpt: local tier off for this run: %s; the shared tier goes on", why)
+
+    # ------------------------------------------------------------------ saving
+    def stage(self, state: TrainingState) -> Any | None:
+        """Main thread, collective: the rank's shards copied to CPU memory, or None (and the tier
+        turned off) when a node lacks room for them and the copies it keeps."""
+        with live_state(state.model, state.optimizer) as live:
+            staged = to_cpu({"model": local_views(live.model_sd), "optim": local_views(live.optim_sd)})
+        free = shutil.disk_usage(self.root).free
+        sizes = self.comm.all_gather((tensor_bytes(staged), free))
+        own = [s for s, _ in sizes]
+        short = [
+            (node, rules.room_needed(own, self.nodes, self.peers, node), f)
+            for node, f in {n: f for n, (_, f) in zip(self.nodes, sizes, strict=True)}.items()
+            if rules.room_needed(own, self.nodes, self.peers, node) > f
+        ]
+        if short:
+            node, need, free_there = short[0]
+            self._turn_off(f"{node.split(':', 1)[1]} has {free_there} bytes free, a local save needs about {need} (a tmpfs too small?)")
+            return None
+        return staged
+
+    def write(self, staged: Any, step: int, rank_json: bytes, run_id: str, batch: BatchConfig | None, shared_step: int | None) -> None:
+        """Save thread, collective: write, agree, copy to the peers, clean up. Never raises for
+        a failed write: the tier is turned off and training goes on."""
+        final = Path(rules.step_path(self.root, self.comm.rank, step))
+        problem = None
+        try:
+            self._write_files(final, staged, step, rank_json, run_id, batch)
+        except (CheckpointException, OSError, CkptError) as exc:
+            problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        problems = [p for p in self.comm.all_gather(problem) if p]
+        if problems:
+            shutil.rmtree(final, ignore_errors=True)
+            self._turn_off(f"local save of step {step} failed: {problems[0]}")
+            return
+        payload = local_wire.encode(final, self.comm.rank, step)
+        received = local_wire.transfer(
+            self.comm, [(p, payload) for p in self.peers[self.comm.rank]], list(rules.sources(self.peers, self.comm.rank))
+        )
+        for src, data in received.items():
+            try:
+                local_wire.keep(self.root, data)
+            except (CkptError, OSError) as exc:
+                log.warning("ckpt: local tier: the copy of rank %d's step %d was not kept: %s", src, step, exc)
+        self.drop_old(shared_step)
+
+    def _write_files(self, final: Path, staged: Any, step: int, rank_json: bytes, run_id: str, batch: BatchConfig | None) -> None:
+        partial = final.with_name(f".{final.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        try:
+            writer, fs = hashing_writer(partial, run_id, step, self.config.io_threads)
+            with fs.writers_settled():
+                dcp.save(staged, storage_writer=writer, no_dist=True)
+            entries = written_entries(
+                partial, step, run_id, fs, self.comm.rank, rank_json, lambda name: not name.startswith(".") or name == ".metadata"
+            )
+            manifest = Manifest(
+                run_id=run_id,
+                step=step,
+                created_at=time.time(),
+                world_size=self.comm.world_size,
+                files=tuple(entries),
+                batch=batch,
+                mesh=self.mesh,
+                env={**self.env(), "local": {"rank": self.comm.rank, "ckpt_dir": self.ckpt_dir, "node": self.nodes[self.comm.rank]}},
+            )
+            atomic_write(partial / layout.MANIFEST_NAME, manifest.to_json().encode())
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+
+    def drop_old(self, shared_step: int | None) -> None:
+        """Delete the local steps a resume would not take, in the directories this rank tends."""
+        for rank, steps in self._held_steps().items():
+            for step in rules.steps_to_drop(steps, self.config.local_keep, shared_step):
+                shutil.rmtree(rules.step_path(self.root, rank, step), ignore_errors=True)
+
+    def _held_steps(self) -> dict[int, list[int]]:
+        """{rank: [steps]} of the rank directories this rank tends on its node."""
+        out: dict[int, list[int]] = {}
+        for entry in os.scandir(self.root) if self.root.is_dir() else []:
+            rank = rules.parse_rank_dir_name(entry.name)
+            if rank is None or not rules.checker(rank, self.comm.rank, self.nodes):
+                continue
+            steps = [layout.parse_step_dir_name(e.name) for e in os.scandir(entry.path)]
+            out[rank] = [s for s in steps if s is not None]
+        return out
+
+    def clean_up(self) -> None:
+        """Collective, at the end of a run: this node's local steps are removed."""
+        for rank in self._held_steps():
+            shutil.rmtree(self.root / rules.rank_dir_name(rank), ignore_errors=True)
+        self.comm.barrier()
+        try:
+            self.root.rmdir()
+        except OSError:
+            pass  # another node-mate's, or not empty: something that is not ours
+
+    # ------------------------------------------------------------------ resuming
+    def resume(self, state: TrainingState, newer_than: int | None) -> LocalResumed | None:
+        """Collective: load the newest local step newer than ``newer_than`` whose every rank's
+        files are held somewhere; None when there is none or it could not be used (the shared
+        tier then serves)."""
+        if not self.active:
+            return None
+        choice = rules.choose(self.comm.all_gather(self._valid_copies(newer_than)), self.nodes, newer_than)
+        if choice is None:
+            return None
+        me, step = self.comm.rank, choice.step
+        fetches = choice.fetches(self.nodes)
+        sends = [(r, local_wire.encode(Path(rules.step_path(self.root, r, step)), r, step)) for h, r in fetches if h == me]
+        problem = None
+        try:
+            for data in local_wire.transfer(self.comm, sends, [h for h, r in fetches if r == me]).values():
+                local_wire.keep(self.root, data)
+            resumed = self._load(state, step)
+        except (CkptError, OSError) as exc:
+            problem, resumed = f"rank {me}: {getattr(exc, 'message', exc)}", None
+        problems = [p for p in self.comm.all_gather(problem) if p]
+        if problems:
+            if self.comm.is_coordinator:
+                log.warning("ckpt: local step %d could not be loaded (%s): resuming from the shared tier", step, problems[0])
+            return None
+        if self.comm.is_coordinator:
+            moved = ", ".join(f"rank {r} from rank {h}" for h, r in fetches) or "none"
+            log.warning(
+                "ckpt: resumed from the local tier, step %d (newer than the shared tier's %s; copies sent: %s)", step, newer_than, moved
+            )
+        return resumed
+
+    def _valid_copies(self, newer_than: int | None) -> list[tuple[int, int]]:
+        """(rank, step) of the copies this rank tends whose manifest fits this run and whose files
+        match their hashes."""
+        valid = []
+        for rank, steps in self._held_steps().items():
+            for step in steps:
+                if newer_than is not None and step <= newer_than:
+                    continue
+                path = Path(rules.step_path(self.root, rank, step))
+                try:
+                    manifest = self._manifest(path, rank, step)
+                    digests = {d.name: d for d in hash_files(path, [f.path for f in manifest.files], manifest.run_id, step)}
+                except (CkptError, OSError) as exc:
+                    log.warning("ckpt: local copy %s not usable: %s", path, getattr(exc, "message", exc))
+                    continue
+                bad = [f.path for f in manifest.files if (d := digests.get(f.path)) is None or (d.bytes, d.hash) != (f.bytes, f.hash)]
+                if bad:
+                    log.warning("ckpt: local copy %s is damaged (%s): not used", path, ", ".join(bad[:3]))
+                    continue
+                valid.append((rank, step))
+        return valid
+
+    def _manifest(self, path: Path, rank: int, step: int) -> Manifest:
+        manifest = Manifest.from_json((path / layout.MANIFEST_NAME).read_bytes(), f"{path}/{layout.MANIFEST_NAME}")
+        local = manifest.env.get("local") or {}
+        if manifest.step != step or local.get("rank") != rank or local.get("ckpt_dir") != self.ckpt_dir:
+            raise CkptError(f"{path} belongs to another run or place (rank {local.get('rank')}, {local.get('ckpt_dir')})")
+        if manifest.world_size != self.comm.world_size or manifest.layout.dims != self.mesh.dims:
+            raise CkptError(f"{path} was written on mesh {manifest.layout.describe()}, this run is {self.mesh.describe()}")
+        return manifest
+
+    def _load(self, state: TrainingState, step: int) -> LocalResumed:
+        path = Path(rules.step_path(self.root, self.comm.rank, step))
+        manifest = self._manifest(path, self.comm.rank, step)
+        verify = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
+        model, optimizer = state.model, state.optimizer
+        if not optimizer.state:
+            optimizer.zero_grad(set_to_none=True)  # as the shared resume: the state DCP loads into is built
+        with live_state(model, optimizer) as live:
+            target = {"model": local_views(live.model_sd), "optim": local_views(live.optim_sd)}
+            load_state(target, path, no_dist=True, verify_with=verify, threads=self.config.io_threads)
+            write_back(live.model_sd, target["model"])
+            write_back(live.optim_sd, target["optim"])
+            live.set_loaded()
+        name = layout.rank_state_name(self.comm.rank)
+        rank_state = state_codec.loads(verify.read_verified(path / name), str(path / name))
+        return LocalResumed(step, manifest.run_id, manifest.batch, rank_state)
