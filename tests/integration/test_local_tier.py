@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.local_tier import rank_dir_name
@@ -94,6 +96,10 @@ def test_a_replaced_node_resumes_from_its_peer_copy_at_the_newest_local_step(ref
     root, ckpt, metrics, local = crashed
     newest = max(set(local_steps(local[0], 0)) & set(local_steps(local[1], 0)) & set(local_steps(local[1], 1)))
     assert newest > SAVE_EVERY  # the fast tier holds a step the shared tier does not
+    copy = local[1] / rank_dir_name(0) / layout.step_dir_name(newest)
+    dcp_to_torch_save(copy, root / "plain.pt")  # a local step is a DCP checkpoint torch's own tools read
+    plain = torch.load(root / "plain.pt", weights_only=True)
+    assert set(plain) == {"model", "optim"} and "tok.weight" in plain["model"]
     shutil.rmtree(local[0])  # node 0 replaced: its local directory is gone with it
     step, sent = resume(root, ckpt, metrics, local)
     assert step == newest and sent == "rank 0 from rank 1"
