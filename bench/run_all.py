@@ -39,6 +39,7 @@ SCRIPTS = (
     "node_fault",
     "tensor_parallel",
     "recovery_model",
+    "local_tier",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {
@@ -47,6 +48,7 @@ TIMEOUTS_S = {
     "reshard_speed": 900,
     "node_fault": 1500,
     "tensor_parallel": 900,
+    "local_tier": 900,
 }  # several torchrun launches, failures and recoveries (~6 min)
 
 
