@@ -67,3 +67,36 @@ def waste_table(plan: IntervalPlan, factors: tuple[float, ...] = (0.25, 0.5, 1.0
         g = goodput(tau, plan.checkpoint_s, plan.mtbf_s, plan.restart_s)
         rows.append((tau, g, (1 - g) * DAY_S / 3600))
     return rows
+
+
+@dataclass(frozen=True)
+class TwoTierPlan:
+    """A fast tier (node-local saves with a peer copy) beside the shared one. The failures the
+    fast tier covers (``covered``: those that take at most ``local_replicas`` nodes) are met by
+    its interval, cost and restart; the rest (several nodes at once, the whole job) by the shared
+    tier's, at the MTBF of those failures alone. Goodput is the product of the two levels' (the
+    first-order model of multi-level checkpointing: each level's checkpoints and rework take
+    their fraction of the time); ``shared_only`` is the plan without the fast tier."""
+
+    local: IntervalPlan
+    shared: IntervalPlan
+    covered: float
+    shared_only: IntervalPlan
+
+    @property
+    def goodput(self) -> float:
+        return self.local.goodput * self.shared.goodput
+
+
+def plan_two_tier(
+    shared_s: float, local_s: float, mtbf_s: float, restart_s: float, local_restart_s: float, covered: float, step_s: float | None = None
+) -> TwoTierPlan:
+    if not 0 < covered < 1:
+        raise CkptError(
+            f"the share of failures the fast tier covers must be between 0 and 1 (exclusive), got {covered!r}",
+            "e.g. --local-covers 0.9: nine failures in ten take one node",
+            ExitCode.USAGE,
+        )
+    local = plan_interval(local_s, mtbf_s / covered, local_restart_s, step_s)
+    shared = plan_interval(shared_s, mtbf_s / (1 - covered), restart_s, step_s)
+    return TwoTierPlan(local, shared, covered, plan_interval(shared_s, mtbf_s, restart_s, step_s))

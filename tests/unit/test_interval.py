@@ -83,6 +83,13 @@ def test_ckpt_plan_json_and_errors(capsys, tmp_path):
         (["--mtbf-hours", "3", "--run-dir", "{tmp}/missing"], 3, "is not a directory"),
         (["--mtbf-hours", "3", "--run-dir", "{tmp}"], 3, "holds no measured step time"),
         (["--mtbf-hours", "3", "--run-dir", "{tmp}", "--step-seconds", "2"], 2, "exclude each other"),
+        (["--mtbf-hours", "3", "--local-seconds", "0"], 2, "--local-seconds must be a positive number, got 0"),
+        (
+            ["--mtbf-hours", "3", "--local-seconds", "5", "--local-restart-seconds", "-2"],
+            2,
+            "--local-restart-seconds must be a non-negative",
+        ),
+        (["--mtbf-hours", "3", "--local-seconds", "5", "--local-covers", "1"], 2, "between 0 and 1 (exclusive), got 1.0"),
     ],
 )
 def test_ckpt_plan_names_the_option_and_value_the_user_gave(capsys, tmp_path, args, code, message):
@@ -93,3 +100,48 @@ def test_ckpt_plan_names_the_option_and_value_the_user_gave(capsys, tmp_path, ar
     err = " ".join(capsys.readouterr().err.split())
     assert e.value.code == code, err
     assert message in err and "10800" not in err
+
+
+def test_two_tier_plan_buys_goodput_when_local_saves_and_restarts_are_cheaper():
+    from ckpt_tool.core.interval import plan_two_tier
+
+    mtbf = 50000 / 512 * 3600
+    p = plan_two_tier(90, 10, mtbf, 300, 60, covered=0.9)
+    assert p.shared_only == plan_interval(90, mtbf, 300)
+    assert p.local.mtbf_s == pytest.approx(mtbf / 0.9) and p.shared.mtbf_s == pytest.approx(mtbf / 0.1)
+    assert p.local.interval_s < p.shared_only.interval_s < p.shared.interval_s  # saves often locally, rarely to shared
+    assert p.goodput == pytest.approx(p.local.goodput * p.shared.goodput)
+    assert p.goodput > p.shared_only.goodput
+    # a fast tier as costly as the shared one, covering almost nothing, buys nothing
+    same = plan_two_tier(90, 90, mtbf, 300, 300, covered=0.01)
+    assert same.goodput <= same.shared_only.goodput + 1e-9
+
+
+@pytest.mark.parametrize("covered", [0, 1, -0.5, 1.5, float("nan")])
+def test_two_tier_plan_refuses_a_share_outside_0_1(covered):
+    from ckpt_tool.core.interval import plan_two_tier
+
+    with pytest.raises(CkptError) as e:
+        plan_two_tier(90, 10, 3600, 300, 60, covered=covered)
+    assert e.value.exit_code == 2
+
+
+def test_ckpt_plan_with_a_fast_tier_gives_both_intervals_and_the_shared_only_plan(capsys):
+    import json
+
+    from ckpt_tool.cli.main import main
+    from ckpt_tool.core.interval import plan_two_tier
+
+    args = ["plan", "--ckpt-seconds", "90", "--gpus", "512", "--gpu-mtbf-hours", "50000", "--restart-seconds", "300"]
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--local-seconds", "10", "--local-restart-seconds", "60", "--step-seconds", "2", "--json"])
+    assert e.value.code in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    expected = plan_two_tier(90, 10, 50000 / 512 * 3600, 300, 60, 0.9, 2.0)
+    assert out["local_interval_steps"] == expected.local.interval_steps and out["shared_interval_steps"] == expected.shared.interval_steps
+    assert out["expected_goodput"] == pytest.approx(expected.goodput, abs=1e-6)
+    assert out["shared_only"]["expected_goodput"] == pytest.approx(plan_interval(90, 50000 / 512 * 3600, 300).goodput, abs=1e-6)
+    with pytest.raises(SystemExit):
+        main([*args, "--local-seconds", "10"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fast tier every" in text and "shared tier alone" in text and "the fast tier buys" in text
