@@ -24,6 +24,7 @@ DirArg = typer.Argument(..., help="The checkpoint directory.", show_default=Fals
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
 STATUS_STYLES = {
     "verified": "green",
+    "local": "cyan",
     "validated": "green",
     "invalid": "red",
     "damaged": "red",

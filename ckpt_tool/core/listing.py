@@ -95,6 +95,45 @@ def build_rows(
     return sorted(rows, key=lambda r: (r.step, r.status))
 
 
+def local_rows(events: Iterable[IndexEvent], shared_newest: int | None) -> list[Row]:
+    """The fast tier's steps a resume could still take, as the save thread recorded them
+    (``local_saved``: which node holds which ranks' files; ``local_cleared`` at the end of a run,
+    ``rollback`` of the shared tier):
+    newer than the newest shared checkpoint, the newest ``keep`` of them. Listed from the index,
+    not checked: the files are on the nodes."""
+    saved: dict[int, dict[str, Any]] = {}
+    keep = 2
+    for ev in events:
+        if ev.event in ("local_cleared", "rollback"):  # a rollback makes the local steps saved before it unusable
+            saved.clear()
+        elif ev.event == "local_saved" and ev.step is not None:
+            saved[ev.step] = ev.data
+            keep = ev.data.get("keep", keep) if isinstance(ev.data.get("keep"), int) else keep
+    steps = sorted((s for s in saved if shared_newest is None or s > shared_newest), reverse=True)[:keep]
+    rows = []
+    for step in sorted(steps):
+        d = saved[step]
+        holders = d.get("holders") if isinstance(d.get("holders"), dict) else {}
+        where = "; ".join(
+            f"{node}: ranks {','.join(map(str, ranks if isinstance(ranks, list) else []))}" for node, ranks in sorted(holders.items())
+        )
+        rows.append(
+            Row(
+                step,
+                "local",
+                False,
+                f"node-local ({where})",
+                d.get("bytes"),
+                d.get("world_size"),
+                d.get("mesh"),
+                d.get("global_batch"),
+                None,
+                d.get("created_at"),
+            )
+        )
+    return rows
+
+
 def latest_problem(latest: int | None, pointer_error: str | None, step_dirs: Mapping[int, bool], any_checkpoint: bool) -> str | None:
     """Why LATEST cannot be trusted, in words; None when it names a committed step (or when the
     directory has no checkpoint at all, so a missing LATEST is expected)."""

@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.listing import Listing, build_rows, commit_summary, latest_problem
+from ckpt_tool.core.listing import Listing, build_rows, commit_summary, latest_problem, local_rows
 from ckpt_tool.errors import CkptError, ExitCode
 
 if TYPE_CHECKING:
@@ -48,6 +48,9 @@ class InspectionMixin:
             log.events,
             latest,
             summaries,
+        )
+        rows = sorted(
+            rows + local_rows(log.events, max((s for s, c in step_dirs.items() if c), default=None)), key=lambda r: (r.step, r.status)
         )
         note = log.skipped_note(layout.INDEX_NAME)
         return Listing(

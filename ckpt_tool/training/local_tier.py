@@ -113,8 +113,17 @@ def tensor_bytes(tree: Any) -> int:
 class LocalTier:
     """One run's fast tier on this rank (collective: every rank makes one and calls every method)."""
 
-    def __init__(self, config: CheckpointConfig, ckpt_root: Path, comm: Comm, mesh: Mesh, env: Callable[[], dict[str, Any]]) -> None:
-        self.config, self.comm, self.mesh, self.env = config, comm, mesh, env
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        ckpt_root: Path,
+        comm: Comm,
+        mesh: Mesh,
+        env: Callable[[], dict[str, Any]],
+        record: Callable[..., None] | None = None,
+    ) -> None:
+        """``record(event, **data)`` (rank 0): what was saved where, for ``ckpt list`` (the shared index)."""
+        self.config, self.comm, self.mesh, self.env, self.record = config, comm, mesh, env, record
         self.ckpt_dir = str(ckpt_root.resolve())
         given = os.environ.get(ENV_LOCAL_DIR) or (str(config.local_dir) if config.local_dir else None)
         self.root = Path(given or rules.default_root(os.environ, getpass.getuser(), self.ckpt_dir))
@@ -179,12 +188,38 @@ class LocalTier:
         received = local_wire.transfer(
             self.comm, [(p, payload) for p in self.peers[self.comm.rank]], list(rules.sources(self.peers, self.comm.rank))
         )
+        kept = [self.comm.rank]
         for src, data in received.items():
             try:
                 local_wire.keep(self.root, data)
+                kept.append(src)
             except (CkptError, OSError) as exc:
                 log.warning("ckpt: local tier: the copy of rank %d's step %d was not kept: %s", src, step, exc)
+        own_bytes = sum(f.stat().st_size for f in final.iterdir())
         self.drop_old(shared_step)
+        gathered = self.comm.all_gather((kept, own_bytes))
+        holders: dict[str, list[int]] = {}
+        for r, (ranks, _) in enumerate(gathered):
+            holders.setdefault(self.nodes[r], []).extend(ranks)
+        self._record(
+            "local_saved",
+            step=step,
+            holders={node: sorted(ranks) for node, ranks in holders.items()},
+            keep=self.config.local_keep,
+            bytes=sum(b for _, b in gathered),
+            world_size=self.comm.world_size,
+            mesh=self.mesh.compact(),
+            global_batch=batch.global_batch if batch is not None else None,
+            created_at=time.time(),
+        )
+
+    def _record(self, event: str, **data: Any) -> None:
+        if self.record is None or not self.comm.is_coordinator:
+            return
+        try:
+            self.record(event, **data)
+        except OSError as exc:  # a listing record is never worth a failed save
+            log.warning("ckpt: local tier: could not record %s in the index: %s", event, exc)
 
     def _write_files(self, final: Path, staged: Any, step: int, rank_json: bytes, run_id: str, batch: BatchConfig | None) -> None:
         partial = final.with_name(f".{final.name}.partial")
@@ -220,6 +255,19 @@ class LocalTier:
             for step in rules.steps_to_drop(steps, self.config.local_keep, shared_step):
                 shutil.rmtree(rules.step_path(self.root, rank, step), ignore_errors=True)
 
+    def forget_after(self, step: int | None) -> None:
+        """After a resume at ``step`` (None: a fresh start), the local steps after it belong to an
+        abandoned past (a rollback, a step not complete on every rank): deleted, so that they are
+        never mixed with the steps this run saves again."""
+        gone = []
+        for rank, steps in self._held_steps().items():
+            for s in steps:
+                if step is None or s > step:
+                    shutil.rmtree(rules.step_path(self.root, rank, s), ignore_errors=True)
+                    gone.append(f"rank {rank} step {s}")
+        if gone:
+            log.warning("ckpt: local tier: deleted what comes after the resume point (%s): %s", step, ", ".join(gone))
+
     def _held_steps(self) -> dict[int, list[int]]:
         """{rank: [steps]} of the rank directories this rank tends on its node."""
         out: dict[int, list[int]] = {}
@@ -236,19 +284,20 @@ class LocalTier:
         for rank in self._held_steps():
             shutil.rmtree(self.root / rules.rank_dir_name(rank), ignore_errors=True)
         self.comm.barrier()
+        self._record("local_cleared")
         try:
             self.root.rmdir()
         except OSError:
             pass  # another node-mate's, or not empty: something that is not ours
 
     # ------------------------------------------------------------------ resuming
-    def resume(self, state: TrainingState, newer_than: int | None) -> LocalResumed | None:
-        """Collective: load the newest local step newer than ``newer_than`` whose every rank's
-        files are held somewhere; None when there is none or it could not be used (the shared
-        tier then serves)."""
+    def resume(self, state: TrainingState, newer_than: int | None, saved_after: float = 0.0) -> LocalResumed | None:
+        """Collective: load the newest local step newer than ``newer_than`` (and saved after
+        ``saved_after``: the shared tier's last rollback) whose every rank's files are held
+        somewhere; None when there is none or it could not be used (the shared tier then serves)."""
         if not self.active:
             return None
-        choice = rules.choose(self.comm.all_gather(self._valid_copies(newer_than)), self.nodes, newer_than)
+        choice = rules.choose(self.comm.all_gather(self._valid_copies(newer_than, saved_after)), self.nodes, newer_than)
         if choice is None:
             return None
         me, step = self.comm.rank, choice.step
@@ -273,7 +322,7 @@ class LocalTier:
             )
         return resumed
 
-    def _valid_copies(self, newer_than: int | None) -> list[tuple[int, int]]:
+    def _valid_copies(self, newer_than: int | None, saved_after: float) -> list[tuple[int, int]]:
         """(rank, step) of the copies this rank tends whose manifest fits this run and whose files
         match their hashes."""
         valid = []
@@ -284,6 +333,9 @@ class LocalTier:
                 path = Path(rules.step_path(self.root, rank, step))
                 try:
                     manifest = self._manifest(path, rank, step)
+                    if manifest.created_at < saved_after:
+                        log.warning("ckpt: local copy %s was saved before the shared tier's last rollback: not used", path)
+                        continue
                     digests = {d.name: d for d in hash_files(path, [f.path for f in manifest.files], manifest.run_id, step)}
                 except (CkptError, OSError) as exc:
                     log.warning("ckpt: local copy %s not usable: %s", path, getattr(exc, "message", exc))

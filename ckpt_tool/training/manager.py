@@ -140,7 +140,7 @@ class CheckpointManager:
         self.mesh: Mesh = run_mesh(mesh if mesh is not None else parallelism, self.comm.world_size, must_divide)
         env = lambda: current_env(model, self.mesh)  # noqa: E731
         self.saver = Saver(config, self.state, probe, self.store, self.comm, self.hb, env, self.mesh, before_commit)
-        self.local = LocalTier(config, self.store.root, self.comm, self.mesh, env) if config.local_every else None
+        self.local = LocalTier(config, self.store.root, self.comm, self.mesh, env, self.store.append_event) if config.local_every else None
         self.request = BatchRequest.of(batch)
         self._batch_error: CkptError | None = None
         try:  # a fresh start's split; a resume re-plans it from the checkpoint
@@ -216,14 +216,18 @@ class CheckpointManager:
         self.saver.wait()
         self.claim.ensure()
         if self.local is not None:
-            local = self.local.resume(self.state, self.comm.on_coordinator(self.saver.newest_in_directory))
+            shared_newest, rolled_back_at = self.comm.on_coordinator(self._local_floor)
+            local = self.local.resume(self.state, shared_newest, rolled_back_at)
             if local is not None:
+                self.local.forget_after(local.step)
                 self.saver.run_id, self.saver.batch, self.saver.last_saved_step = local.run_id, local.batch, local.step
                 self.extra = self.state.restore(local.rank_state)
                 self.hb.resumed(local.step)
                 self.hb.beat(local.step, "step")
                 return local.step
         resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request, self.mesh).run()
+        if self.local is not None:
+            self.local.forget_after(resumed.step if resumed is not None else None)
         if resumed is None:
             self.hb.beat(0, "step")
             return None
@@ -232,6 +236,12 @@ class CheckpointManager:
         self.hb.resumed(resumed.step)
         self.hb.beat(resumed.step, "step")
         return resumed.step
+
+    def _local_floor(self) -> tuple[int | None, float]:
+        """What a local step must be newer than: the shared tier's newest step, and the time of its
+        last rollback (a local step saved before it would undo the rollback)."""
+        rollbacks = [e.time for e in self.store.events() if e.event == "rollback"]
+        return self.saver.newest_in_directory(), max(rollbacks, default=0.0)
 
     # ------------------------------------------------------------------ save
     @_reports_fatal

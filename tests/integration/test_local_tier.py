@@ -4,11 +4,13 @@ step 15; the shared tier has step 10, the local tier steps 12 and 14 (every 2 st
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,12 @@ def crashed(tmp_path):
     return tmp_path, tmp_path / "ckpt", tmp_path / "metrics.jsonl", local
 
 
+def cli_json(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 def local_steps(local: Path, rank: int) -> list[int]:
     steps = [layout.parse_step_dir_name(p.name) for p in (local / rank_dir_name(rank)).iterdir()]
     return sorted(s for s in steps if s is not None)
@@ -96,6 +104,10 @@ def test_a_replaced_node_resumes_from_its_peer_copy_at_the_newest_local_step(ref
     root, ckpt, metrics, local = crashed
     newest = max(set(local_steps(local[0], 0)) & set(local_steps(local[1], 0)) & set(local_steps(local[1], 1)))
     assert newest > SAVE_EVERY  # the fast tier holds a step the shared tier does not
+    listed = cli_json("list", str(ckpt), "--json")["checkpoints"]
+    local_rows = {r["step"]: r for r in listed if r["status"] == "local"}
+    assert newest in local_rows and all(s > SAVE_EVERY for s in local_rows)  # `ckpt list` shows what is where
+    assert f"{local[1].resolve()}: ranks 0,1" in local_rows[newest]["path"]
     copy = local[1] / rank_dir_name(0) / layout.step_dir_name(newest)
     dcp_to_torch_save(copy, root / "plain.pt")  # a local step is a DCP checkpoint torch's own tools read
     plain = torch.load(root / "plain.pt", weights_only=True)
@@ -120,6 +132,21 @@ def test_a_damaged_copy_is_detected_and_the_next_newest_step_is_used(reference, 
     step, _ = resume(root, ckpt, metrics, local)
     assert step == (max(older) if older else SAVE_EVERY)
     assert "is damaged" in (root / "node1.log").read_text()
+    comparison = compare_runs(reference, read_metrics(metrics))
+    assert comparison.identical, comparison
+
+
+def test_a_step_not_complete_on_every_rank_is_not_resumed_and_its_leftovers_are_deleted(reference, crashed):
+    """Rank 0's files of the newest step are nowhere (its node replaced, the copy lost): the step
+    before serves, and rank 1's files of the newest step are deleted, never mixed with the files
+    this run saves again under the same step number."""
+    root, ckpt, metrics, local = crashed
+    newest = max(local_steps(local[1], 1))
+    shutil.rmtree(local[0])
+    shutil.rmtree(local[1] / rank_dir_name(0) / layout.step_dir_name(newest), ignore_errors=True)
+    step, _ = resume(root, ckpt, metrics, local)
+    assert step < newest
+    assert f"rank 1 step {newest}" in (root / "node1.log").read_text()
     comparison = compare_runs(reference, read_metrics(metrics))
     assert comparison.identical, comparison
 
@@ -150,3 +177,17 @@ def test_a_local_directory_too_small_turns_the_tier_off_and_training_goes_on(ref
         subprocess.run(["umount", "-l", str(small)], check=False)
     comparison = compare_runs(reference, read_metrics(tmp_path / "metrics.jsonl"))
     assert comparison.identical and comparison.steps_compared == STEPS, comparison
+
+
+def test_local_steps_saved_before_a_rollback_of_the_shared_tier_are_not_resumed(tmp_path):
+    """`ckpt rollback` is the user's word: a newer local step must not undo it."""
+    local = [tmp_path / "local0", tmp_path / "local1"]
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    launch(tmp_path, ckpt, metrics, local, "--crash-at-step", str(CRASH_AT), "--save-every", "5")
+    assert local_steps(local[0], 0) and max(local_steps(local[0], 0)) > 10
+    proc = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "rollback", str(ckpt), "--to", "5"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not [r for r in cli_json("list", str(ckpt), "--json")["checkpoints"] if r["status"] == "local"]
+    step, sent = resume(tmp_path, ckpt, metrics, local)
+    assert (step, sent) == (5, "")
+    assert "saved before the shared tier's last rollback" in (tmp_path / "node0.log").read_text()

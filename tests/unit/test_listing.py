@@ -6,7 +6,7 @@ import pytest
 
 from ckpt_tool.core.index import format_event, known_invalid, parse_index
 from ckpt_tool.core.layout import DirectoryKind, classify_directory
-from ckpt_tool.core.listing import build_rows, latest_problem
+from ckpt_tool.core.listing import build_rows, latest_problem, local_rows
 from ckpt_tool.core.retention import RetentionPolicy, kept_candidates, steps_to_delete
 
 
@@ -92,3 +92,25 @@ def test_retention_policy_describes_itself_in_words():
 )
 def test_classify_directory(name, entries, kind):
     assert classify_directory(name, entries) is kind
+
+
+def test_local_rows_are_the_fast_tiers_steps_newer_than_the_shared_tier():
+    from ckpt_tool.core.index import IndexEvent
+
+    def saved(step: int, t: float) -> IndexEvent:
+        holders = {"n1:/dev/shm/x": [0, 1, 2], "n2:/dev/shm/x": [0, 1, 3]}
+        return IndexEvent(
+            "local_saved", t, {"step": step, "holders": holders, "keep": 2, "bytes": 10, "world_size": 4, "mesh": "dp_shard=4"}
+        )
+
+    events = [saved(12, 1.0), saved(14, 2.0), saved(16, 3.0)]
+    rows = local_rows(events, shared_newest=10)
+    assert [(r.step, r.status) for r in rows] == [(14, "local"), (16, "local")]  # the newest `keep`
+    assert rows[-1].path == "node-local (n1:/dev/shm/x: ranks 0,1,2; n2:/dev/shm/x: ranks 0,1,3)"
+    assert [r.step for r in local_rows(events, shared_newest=14)] == [16]
+    assert local_rows([*events, IndexEvent("local_cleared", 4.0, {})], None) == []
+    assert local_rows([*events, IndexEvent("rollback", 4.0, {"step": 10})], None) == []  # a rollback: they would undo it
+    assert [r.step for r in local_rows([*events, IndexEvent("rollback", 4.0, {"step": 10}), saved(12, 5.0)], 10)] == [12]
+    garbage = IndexEvent("local_saved", 1.0, {"step": 8, "holders": "not a mapping"})
+    assert local_rows([garbage], None)[0].path == "node-local ()"
+    assert local_rows([IndexEvent("local_saved", 1.0, {"step": 8, "holders": {"n": 5}})], None)[0].path == "node-local (n: ranks )"
