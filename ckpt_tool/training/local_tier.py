@@ -2,7 +2,7 @@
 kept by a rank on another node, and resumed from when it is newer than the shared tier.
 
 A local save copies the rank's shards (the local parts of its DTensors) to CPU memory while
-training waits, then, in the save thread: writes them as a single-process DCP checkpoint with
+training waits (torch's stager: buffers reused from save to save, pinned on GPUs), then, in the save thread: writes them as a single-process DCP checkpoint with
 the rank's JSON state and a manifest of seeded hashes (``rank_R/step_N``, see
 ``core.local_tier``), agrees with every rank that all were written, sends the directory to its
 peers (``local_wire``) and deletes what is no longer needed. A node without room, or a failed
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.tensor import DTensor
 
 from ckpt_tool.core import layout
@@ -89,17 +90,6 @@ def write_back(live: Any, loaded: Any) -> Any:
     return loaded
 
 
-def to_cpu(tree: Any) -> Any:
-    """A copy of the state in CPU memory (what the save thread writes while training goes on)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return {k: to_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [to_cpu(v) for v in tree]
-    return tree
-
-
 def tensor_bytes(tree: Any) -> int:
     if isinstance(tree, torch.Tensor):
         return tree.numel() * tree.element_size()
@@ -136,6 +126,7 @@ class LocalTier:
         self.nodes: tuple[str, ...] = tuple(comm.all_gather(f"{socket.gethostname()}:{self.root.resolve()}"))
         self.peers = rules.peers(self.nodes, config.local_replicas)
         self.active = True
+        self._stager: Any = None
         errors = [e for e in comm.all_gather(error) if e]
         if errors:
             self._turn_off(f"no local directory ({errors[0]})")
@@ -154,8 +145,12 @@ class LocalTier:
     def stage(self, state: TrainingState) -> Any | None:
         """Main thread, collective: the rank's shards copied to CPU memory, or None (and the tier
         turned off) when a node lacks room for them and the copies it keeps."""
+        if self._stager is None:  # torch's stager, as the shared tier's async save: CPU buffers kept and reused, pinned on GPUs
+            accel = torch.cuda.is_available()
+            options = StagingOptions(use_pinned_memory=accel, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=accel)
+            self._stager = DefaultStager(options)
         with live_state(state.model, state.optimizer) as live:
-            staged = to_cpu({"model": local_views(live.model_sd), "optim": local_views(live.optim_sd)})
+            staged = self._stager.stage({"model": local_views(live.model_sd), "optim": local_views(live.optim_sd)})
         free = shutil.disk_usage(self.root).free
         sizes = self.comm.all_gather((tensor_bytes(staged), free))
         own = [s for s, _ in sizes]
@@ -278,6 +273,12 @@ class LocalTier:
             steps = [layout.parse_step_dir_name(e.name) for e in os.scandir(entry.path)]
             out[rank] = [s for s in steps if s is not None]
         return out
+
+    def close(self) -> None:
+        """Release the staging buffers (no collective)."""
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     def clean_up(self) -> None:
         """Collective, at the end of a run: this node's local steps are removed."""

@@ -341,6 +341,8 @@ class CheckpointManager:
         finally:
             self.claim.stop()
             self.saver.shutdown()
+            if self.local is not None:
+                self.local.close()
             self.comm.close()
             atexit.unregister(self._close_at_exit)
 
