@@ -50,7 +50,7 @@ class Listing:
             "directory": root,
             "latest": self.latest,
             "latest_problem": self.latest_problem,
-            "checkpoints": [r.to_json() | {"path": f"{root}/{r.path}"} for r in self.rows],
+            "checkpoints": [r.to_json() | ({"path": f"{root}/{r.path}"} if r.status != "local" else {}) for r in self.rows],
             "notes": list(self.notes),
         }
 

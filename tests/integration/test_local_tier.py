@@ -107,7 +107,7 @@ def test_a_replaced_node_resumes_from_its_peer_copy_at_the_newest_local_step(ref
     listed = cli_json("list", str(ckpt), "--json")["checkpoints"]
     local_rows = {r["step"]: r for r in listed if r["status"] == "local"}
     assert newest in local_rows and all(s > SAVE_EVERY for s in local_rows)  # `ckpt list` shows what is where
-    assert f"{local[1].resolve()}: ranks 0,1" in local_rows[newest]["path"]
+    assert local_rows[newest]["path"].startswith("node-local (") and f"{local[1].resolve()}: ranks 0,1" in local_rows[newest]["path"]
     copy = local[1] / rank_dir_name(0) / layout.step_dir_name(newest)
     dcp_to_torch_save(copy, root / "plain.pt")  # a local step is a DCP checkpoint torch's own tools read
     plain = torch.load(root / "plain.pt", weights_only=True)
