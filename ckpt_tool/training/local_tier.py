@@ -1,17 +1,19 @@
 """The fast tier: each rank's shards saved to a node-local directory every few steps, a copy
 kept by a rank on another node, and resumed from when it is newer than the shared tier.
 
-A local save copies the rank's shards (the local parts of its DTensors) to CPU memory while
-training waits (torch's stager: buffers reused from save to save, pinned on GPUs), then, in the save thread: writes them as a single-process DCP checkpoint with
-the rank's JSON state and a manifest of seeded hashes (``rank_R/step_N``, see
-``core.local_tier``), agrees with every rank that all were written, sends the directory to its
-peers (``local_wire``) and deletes what is no longer needed. A node without room, or a failed
-write, turns the tier off for the run with a warning: training goes on with the shared tier.
+A local save measures the probe, copies the rank's shards (the local parts of its DTensors) to
+CPU memory while training waits (torch's stager: buffers reused from save to save, pinned on
+GPUs), then, in the save thread: writes them as a single-process DCP checkpoint with the rank's
+JSON state and a manifest of seeded hashes (``rank_R/step_N``, see ``core.local_tier``), agrees
+with every rank that all were written, sends the directory to its peers (``local_wire``) and
+deletes what is no longer needed. A node without room, or a failed write, turns the tier off for
+the run with a warning: training goes on with the shared tier.
 
 Resume (collective): every rank checks the copies its node holds (hashes), the ranks agree on
 the newest step that is complete across the job and newer than the shared tier's newest, the
-holders send the copies a rank lacks, and every rank loads its own. Any problem: the shared tier
-serves. Only the mesh that wrote a local step can load it (a reshard goes through the shared tier).
+holders send the copies a rank lacks, every rank loads its own, and the probe is re-measured.
+Any problem: the shared tier serves. Only the mesh that wrote a local step can load it (a
+reshard goes through the shared tier).
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.tensor import DTensor
 
 from ckpt_tool.core import layout
 from ckpt_tool.core import local_tier as rules
 from ckpt_tool.core.batch import BatchConfig
-from ckpt_tool.core.manifest import Manifest
+from ckpt_tool.core.manifest import Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.checksums import binding_seed, hash_files
@@ -46,8 +47,10 @@ from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import written_entries
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
+from ckpt_tool.training.probe import ProbeSpec, measure, verify_model
 from ckpt_tool.training.rank_state import TrainingState
 from ckpt_tool.training.safe_dcp import load_state
+from ckpt_tool.training.shard_views import local_views, tensor_bytes, write_back
 from ckpt_tool.training.torch_state import live_state
 
 log = logging.getLogger("ckpt_tool")
@@ -60,44 +63,7 @@ class LocalResumed:
     run_id: str
     batch: BatchConfig | None
     rank_state: dict[str, Any]
-
-
-def local_views(tree: Any) -> Any:
-    """The state dict with each DTensor replaced by its local shard (the same storage)."""
-    if isinstance(tree, DTensor):
-        return tree.to_local()
-    if isinstance(tree, dict):
-        return {k: local_views(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [local_views(v) for v in tree]
-    return tree
-
-
-def write_back(live: Any, loaded: Any) -> Any:
-    """Put what DCP loaded into ``local_views(live)`` back into ``live``: tensors were filled in
-    place; values DCP replaced (numbers, a tensor it could not fill) are set or copied in."""
-    if isinstance(live, dict):
-        for k in live:
-            live[k] = write_back(live[k], loaded[k])
-        return live
-    if isinstance(live, list):
-        return [write_back(a, b) for a, b in zip(live, loaded, strict=True)]
-    if isinstance(live, torch.Tensor):
-        target = live.to_local() if isinstance(live, DTensor) else live
-        if loaded is not target:
-            target.copy_(loaded)
-        return live
-    return loaded
-
-
-def tensor_bytes(tree: Any) -> int:
-    if isinstance(tree, torch.Tensor):
-        return tree.numel() * tree.element_size()
-    if isinstance(tree, dict):
-        return sum(tensor_bytes(v) for v in tree.values())
-    if isinstance(tree, list):
-        return sum(tensor_bytes(v) for v in tree)
-    return 0
+    manifest: Manifest
 
 
 class LocalTier:
@@ -111,9 +77,12 @@ class LocalTier:
         mesh: Mesh,
         env: Callable[[], dict[str, Any]],
         record: Callable[..., None] | None = None,
+        probe: ProbeSpec | None = None,
     ) -> None:
-        """``record(event, **data)`` (rank 0): what was saved where, for ``ckpt list`` (the shared index)."""
-        self.config, self.comm, self.mesh, self.env, self.record = config, comm, mesh, env, record
+        """``record(event, **data)`` (rank 0): what was saved where, for ``ckpt list`` (the shared
+        index). ``probe``: measured at each local save and re-measured at a local resume, as in
+        the shared tier (``verify_on_resume``)."""
+        self.config, self.comm, self.mesh, self.env, self.record, self.probe = config, comm, mesh, env, record, probe
         self.ckpt_dir = str(ckpt_root.resolve())
         given = os.environ.get(ENV_LOCAL_DIR) or (str(config.local_dir) if config.local_dir else None)
         self.root = Path(given or rules.default_root(os.environ, getpass.getuser(), self.ckpt_dir))
@@ -165,13 +134,28 @@ class LocalTier:
             return None
         return staged
 
-    def write(self, staged: Any, step: int, rank_json: bytes, run_id: str, batch: BatchConfig | None, shared_step: int | None) -> None:
+    def measure(self, state: TrainingState, step: int) -> Probe | None:
+        """Main thread, collective: the probe's values for this step (None without a probe)."""
+        if self.probe is None:
+            return None
+        return measure(state.model, self.probe, float(state.optimizer.param_groups[0]["lr"]), step)
+
+    def write(
+        self,
+        staged: Any,
+        step: int,
+        rank_json: bytes,
+        run_id: str,
+        batch: BatchConfig | None,
+        shared_step: int | None,
+        probe: Probe | None = None,
+    ) -> None:
         """Save thread, collective: write, agree, copy to the peers, clean up. Never raises for
         a failed write: the tier is turned off and training goes on."""
         final = Path(rules.step_path(self.root, self.comm.rank, step))
         problem = None
         try:
-            self._write_files(final, staged, step, rank_json, run_id, batch)
+            self._write_files(final, staged, step, rank_json, run_id, batch, probe)
         except (CheckpointException, OSError, CkptError) as exc:
             problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         problems = [p for p in self.comm.all_gather(problem) if p]
@@ -179,7 +163,7 @@ class LocalTier:
             shutil.rmtree(final, ignore_errors=True)
             self._turn_off(f"local save of step {step} failed: {problems[0]}")
             return
-        payload = local_wire.encode(final, self.comm.rank, step)
+        payload = self._copy_of(self.comm.rank, step)
         received = local_wire.transfer(
             self.comm, [(p, payload) for p in self.peers[self.comm.rank]], list(rules.sources(self.peers, self.comm.rank))
         )
@@ -190,7 +174,10 @@ class LocalTier:
                 kept.append(src)
             except (CkptError, OSError) as exc:
                 log.warning("ckpt: local tier: the copy of rank %d's step %d was not kept: %s", src, step, exc)
-        own_bytes = sum(f.stat().st_size for f in final.iterdir())
+        try:
+            own_bytes = sum(f.stat().st_size for f in final.iterdir())
+        except OSError:
+            own_bytes = 0  # only for the listing
         self.drop_old(shared_step)
         gathered = self.comm.all_gather((kept, own_bytes))
         holders: dict[str, list[int]] = {}
@@ -208,6 +195,15 @@ class LocalTier:
             created_at=time.time(),
         )
 
+    def _copy_of(self, rank: int, step: int) -> bytearray:
+        """``rank``'s files of ``step`` to send; a copy that cannot be read is sent as an empty
+        buffer (the receiver refuses it as garbled), so that no receiver waits for it forever."""
+        try:
+            return local_wire.encode(Path(rules.step_path(self.root, rank, step)), rank, step)
+        except OSError as exc:
+            log.warning("ckpt: local tier: rank %d's step %d cannot be read to send: %s", rank, step, exc)
+            return bytearray(8)
+
     def _record(self, event: str, **data: Any) -> None:
         if self.record is None or not self.comm.is_coordinator:
             return
@@ -216,7 +212,9 @@ class LocalTier:
         except OSError as exc:  # a listing record is never worth a failed save
             log.warning("ckpt: local tier: could not record %s in the index: %s", event, exc)
 
-    def _write_files(self, final: Path, staged: Any, step: int, rank_json: bytes, run_id: str, batch: BatchConfig | None) -> None:
+    def _write_files(
+        self, final: Path, staged: Any, step: int, rank_json: bytes, run_id: str, batch: BatchConfig | None, probe: Probe | None
+    ) -> None:
         partial = final.with_name(f".{final.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -235,6 +233,7 @@ class LocalTier:
                 files=tuple(entries),
                 batch=batch,
                 mesh=self.mesh,
+                probe=probe,
                 env={**self.env(), "local": {"rank": self.comm.rank, "ckpt_dir": self.ckpt_dir, "node": self.nodes[self.comm.rank]}},
             )
             atomic_write(partial / layout.MANIFEST_NAME, manifest.to_json().encode())
@@ -303,12 +302,13 @@ class LocalTier:
             return None
         me, step = self.comm.rank, choice.step
         fetches = choice.fetches(self.nodes)
-        sends = [(r, local_wire.encode(Path(rules.step_path(self.root, r, step)), r, step)) for h, r in fetches if h == me]
+        sends = [(r, self._copy_of(r, step)) for h, r in fetches if h == me]
         problem = None
         try:
             for data in local_wire.transfer(self.comm, sends, [h for h, r in fetches if r == me]).values():
                 local_wire.keep(self.root, data)
             resumed = self._load(state, step)
+            problem = self._verify(state, resumed)
         except (CkptError, OSError) as exc:
             problem, resumed = f"rank {me}: {getattr(exc, 'message', exc)}", None
         problems = [p for p in self.comm.all_gather(problem) if p]
@@ -322,6 +322,14 @@ class LocalTier:
                 "ckpt: resumed from the local tier, step %d (newer than the shared tier's %s; copies sent: %s)", step, newer_than, moved
             )
         return resumed
+
+    def _verify(self, state: TrainingState, resumed: LocalResumed) -> str | None:
+        """The probe re-measured on the loaded model (collective): a failed check is a problem."""
+        manifest = resumed.manifest
+        if not self.config.verify_on_resume or self.probe is None or manifest.probe is None:
+            return None
+        report = verify_model(state.model, self.probe, manifest, resumed.rank_state, self.mesh)
+        return None if report.ok else f"rank {self.comm.rank}: verify {'; '.join(report.failures())}"
 
     def _valid_copies(self, newer_than: int | None, saved_after: float) -> list[tuple[int, int]]:
         """(rank, step) of the copies this rank tends whose manifest fits this run and whose files
@@ -350,7 +358,8 @@ class LocalTier:
 
     def _manifest(self, path: Path, rank: int, step: int) -> Manifest:
         manifest = Manifest.from_json((path / layout.MANIFEST_NAME).read_bytes(), f"{path}/{layout.MANIFEST_NAME}")
-        local = manifest.env.get("local") or {}
+        local = manifest.env.get("local")
+        local = local if isinstance(local, dict) else {}
         if manifest.step != step or local.get("rank") != rank or local.get("ckpt_dir") != self.ckpt_dir:
             raise CkptError(f"{path} belongs to another run or place (rank {local.get('rank')}, {local.get('ckpt_dir')})")
         if manifest.world_size != self.comm.world_size or manifest.layout.dims != self.mesh.dims:
@@ -372,4 +381,4 @@ class LocalTier:
             live.set_loaded()
         name = layout.rank_state_name(self.comm.rank)
         rank_state = state_codec.loads(verify.read_verified(path / name), str(path / name))
-        return LocalResumed(step, manifest.run_id, manifest.batch, rank_state)
+        return LocalResumed(step, manifest.run_id, manifest.batch, rank_state, manifest)

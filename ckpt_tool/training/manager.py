@@ -140,7 +140,9 @@ class CheckpointManager:
         self.mesh: Mesh = run_mesh(mesh if mesh is not None else parallelism, self.comm.world_size, must_divide)
         env = lambda: current_env(model, self.mesh)  # noqa: E731
         self.saver = Saver(config, self.state, probe, self.store, self.comm, self.hb, env, self.mesh, before_commit)
-        self.local = LocalTier(config, self.store.root, self.comm, self.mesh, env, self.store.append_event) if config.local_every else None
+        self.local = (
+            LocalTier(config, self.store.root, self.comm, self.mesh, env, self.store.append_event, probe) if config.local_every else None
+        )
         self.request = BatchRequest.of(batch)
         self._batch_error: CkptError | None = None
         try:  # a fresh start's split; a resume re-plans it from the checkpoint
@@ -298,12 +300,13 @@ class CheckpointManager:
             self.claim.ensure()
             self.saver.wait()  # one save in flight, of either tier: they share the save thread's collectives
             run_id = self.saver.ensure_run_id()
+            probe = local.measure(self.state, step)
             staged = local.stage(self.state)
             if staged is None:
                 return False
             rank_json = state_codec.dumps(self.state.capture(step, extra))
             batch, saver = self.saver.batch, self.saver
-            saver.in_background(lambda: local.write(staged, step, rank_json, run_id, batch, saver.committed_step))
+            saver.in_background(lambda: local.write(staged, step, rank_json, run_id, batch, saver.committed_step, probe))
         return True
 
     # ------------------------------------------------------------------ waiting and shutdown

@@ -20,7 +20,7 @@ from torch import nn
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.exactness import how_to_reproduce, trajectory_differences
-from ckpt_tool.core.manifest import Probe
+from ckpt_tool.core.manifest import Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.probe_checks import Check, probe_checks
 from ckpt_tool.errors import CkptError, ExitCode
@@ -144,9 +144,17 @@ def check_loaded_model(
     path = store.step_path(step)
     rank_file = path / layout.rank_state_name(0)  # step and scheduler are job-wide: rank 0 has them at any world size
     rank_state = state_codec.loads(rank_file.read_bytes(), str(rank_file))
+    return verify_model(model, ProbeSpec(load_probe_batch(path, process_group), loss_fn), manifest, rank_state, mesh)
+
+
+def verify_model(model: nn.Module, spec: ProbeSpec, manifest: Manifest, rank_state: dict[str, Any], mesh: Mesh) -> VerifyReport:
+    """The four checks of a model that holds ``manifest``'s step (its recorded probe, which must
+    be set), with the probe batch of ``spec`` and a rank's JSON state (step, scheduler)."""
+    assert manifest.probe is not None
+    step = manifest.step
     sched = rank_state.get("scheduler") or {}
     lr = float(sched["_last_lr"][0]) if sched.get("_last_lr") else None
-    measured = measure(model, ProbeSpec(load_probe_batch(path, process_group), loss_fn), lr or 0.0, step)
+    measured = measure(model, spec, lr or 0.0, step)
     saved = {k: manifest.env.get(k) for k in EXACT_KEYS if k in manifest.env}
     now = current_env(model, mesh)
     differences = tuple(trajectory_differences(saved, now))

@@ -151,6 +151,23 @@ def test_a_step_not_complete_on_every_rank_is_not_resumed_and_its_leftovers_are_
     assert comparison.identical, comparison
 
 
+def test_a_local_step_that_fails_the_probe_check_is_not_used(reference, crashed):
+    """Hashes match but the re-measured probe does not (the recorded loss changed here): the
+    shared tier serves, as for a shared checkpoint that fails verification."""
+    root, ckpt, metrics, local = crashed
+    newest = max(set(local_steps(local[0], 0)) & set(local_steps(local[1], 1)))
+    manifest = local[0] / rank_dir_name(0) / layout.step_dir_name(newest) / layout.MANIFEST_NAME
+    data = json.loads(manifest.read_text())
+    assert data["probe"] is not None and data["probe"]["step"] == newest  # measured at the local save
+    data["probe"]["loss"] += 0.5
+    manifest.write_text(json.dumps(data))
+    step, sent = resume(root, ckpt, metrics, local)
+    assert (step, sent) == (SAVE_EVERY, "")
+    assert "rank 0: verify" in (root / "node0.log").read_text()
+    comparison = compare_runs(reference, read_metrics(metrics))
+    assert comparison.identical, comparison
+
+
 def test_with_both_local_directories_gone_the_shared_tier_serves(reference, crashed):
     root, ckpt, metrics, local = crashed
     for d in local:

@@ -136,6 +136,7 @@ def test_a_copy_that_does_not_match_its_manifest_is_refused_and_leaves_nothing(t
 @pytest.mark.parametrize(
     "garble",
     [
+        lambda d: bytearray(8),  # what a holder sends when it cannot read its copy
         lambda d: d[:6],  # cut inside the length
         lambda d: d[:40],  # cut inside the header
         lambda d: d[:-10],  # a file runs past the end
