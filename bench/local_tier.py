@@ -158,23 +158,17 @@ def report(m: dict[str, Any], local_root: Path, fs: str) -> Result:
                 None,
             )
         )
-    own, peer, shared_r = (Stats.of(m["resume"][k]) for k in ("own", "peer", "shared"))
-    result.rows.append(
-        Row(
-            "resume() from a peer's copy (node 0 replaced) (info)",
-            peer.fmt(3, "s"),
-            f"from the shared tier: {shared_r.fmt(3, 's')}",
-            round(peer.median / shared_r.median, 3),
+    shared_r = Stats.of(m["resume"]["shared"])
+    for kind, label in (("peer", "a peer's copy (node 0 replaced)"), ("own", "the rank's own local copy")):
+        r = Stats.of(m["resume"][kind])
+        result.rows.append(
+            Row(
+                f"resume() from {label} (info)",
+                r.fmt(3, "s"),
+                f"from the shared tier: {shared_r.fmt(3, 's')}",
+                round(r.median / shared_r.median, 3),
+            )
         )
-    )
-    result.rows.append(
-        Row(
-            "resume() from the rank's own local copy (info)",
-            own.fmt(3, "s"),
-            f"from the shared tier: {shared_r.fmt(3, 's')}",
-            round(own.median / shared_r.median, 3),
-        )
-    )
     result.notes.append(
         f"resumed steps: own {m['steps']['own']}, peer {m['steps']['peer']}, shared {m['steps']['shared']} "
         f"(shared saves every {SHARED_EVERY} steps, local every 2); local directories under {local_root} ({fs})"

@@ -1,8 +1,12 @@
-"""Durable filesystem primitives: fsync of files and directories, atomic replace of small files."""
+"""Durable filesystem primitives: fsync of files and directories, atomic replace of small files
+and of whole directories."""
 
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,6 +39,24 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+@contextmanager
+def directory_replaced(final: Path) -> Iterator[Path]:
+    """Fill the yielded directory (``.NAME.partial`` beside ``final``, made empty); on a clean exit
+    it is fsynced and renamed over ``final``, on an error removed: readers see the old directory
+    or the whole new one, never half of it."""
+    partial = final.with_name(f".{final.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+        fsync_dir(partial)
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 def append_line(path: Path, line: str, mode: int = 0o644) -> None:

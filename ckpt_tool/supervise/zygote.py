@@ -4,10 +4,10 @@ forks a spare rank process (``supervise.warm_rank``) whenever ``ckpt run`` asks.
 ``python -u -m ckpt_tool.supervise.zygote POOL_DIR [MODULE...]``, started by ``ckpt run``'s
 ``WarmPool`` with a pipe on its standard input: a line ``fill N`` forks spares until N wait; end of
 input (``ckpt run`` closing or gone) kills the spares nobody took and ends it once its children
-are gone (1 s at most: ``ckpt run`` ends the ranks itself). A fork costs milliseconds and shares the imported modules' memory (copy on write):
-making a spare after a restart takes no CPU from the training (a spare that imported torch by
-itself took ~4 s of one core, measured, and on an oversubscribed node that stalled the steps
-past the hang timeout). It is the spares' parent: it reaps them and writes each one's exit
+are gone (1 s at most: ``ckpt run`` ends the ranks itself). A fork costs milliseconds and shares
+the imported modules' memory (copy on write): making a spare after a restart takes no CPU from
+the training (a spare that imported torch by itself took ~4 s of one core, measured, and on an
+oversubscribed node that stalled the steps past the hang timeout). It is the spares' parent: it reaps them and writes each one's exit
 status to ``POOL_DIR/<pid>.exit`` for its launcher (``supervise.handoff``).
 
 Forking after ``import torch`` is safe as long as nothing has started CUDA or an OpenMP pool

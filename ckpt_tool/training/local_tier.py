@@ -40,8 +40,9 @@ from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError
-from ckpt_tool.store.checksums import binding_seed, hash_files
-from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.checksums import binding_seed
+from ckpt_tool.store.durable import atomic_write, directory_replaced
+from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import local_wire, state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import written_entries
@@ -123,11 +124,9 @@ class LocalTier:
         free = shutil.disk_usage(self.root).free
         sizes = self.comm.all_gather((tensor_bytes(staged), free))
         own = [s for s, _ in sizes]
-        short = [
-            (node, rules.room_needed(own, self.nodes, self.peers, node), f)
-            for node, f in {n: f for n, (_, f) in zip(self.nodes, sizes, strict=True)}.items()
-            if rules.room_needed(own, self.nodes, self.peers, node) > f
-        ]
+        free_on = {n: f for n, (_, f) in zip(self.nodes, sizes, strict=True)}
+        needs = {node: rules.room_needed(own, self.nodes, self.peers, node) for node in free_on}
+        short = [(node, needs[node], free) for node, free in free_on.items() if needs[node] > free]
         if short:
             node, need, free_there = short[0]
             self._turn_off(f"{node.split(':', 1)[1]} has {free_there} bytes free, a local save needs about {need} (a tmpfs too small?)")
@@ -215,10 +214,7 @@ class LocalTier:
     def _write_files(
         self, final: Path, staged: Any, step: int, rank_json: bytes, run_id: str, batch: BatchConfig | None, probe: Probe | None
     ) -> None:
-        partial = final.with_name(f".{final.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        try:
+        with directory_replaced(final) as partial:
             writer, fs = hashing_writer(partial, run_id, step, self.config.io_threads)
             with fs.writers_settled():
                 dcp.save(staged, storage_writer=writer, no_dist=True)
@@ -237,11 +233,6 @@ class LocalTier:
                 env={**self.env(), "local": {"rank": self.comm.rank, "ckpt_dir": self.ckpt_dir, "node": self.nodes[self.comm.rank]}},
             )
             atomic_write(partial / layout.MANIFEST_NAME, manifest.to_json().encode())
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
 
     def drop_old(self, shared_step: int | None) -> None:
         """Delete the local steps a resume would not take, in the directories this rank tends."""
@@ -333,7 +324,7 @@ class LocalTier:
 
     def _valid_copies(self, newer_than: int | None, saved_after: float) -> list[tuple[int, int]]:
         """(rank, step) of the copies this rank tends whose manifest fits this run and whose files
-        match their hashes."""
+        pass the store's check (present, sizes, hashes)."""
         valid = []
         for rank, steps in self._held_steps().items():
             for step in steps:
@@ -341,34 +332,40 @@ class LocalTier:
                     continue
                 path = Path(rules.step_path(self.root, rank, step))
                 try:
-                    manifest = self._manifest(path, rank, step)
-                    if manifest.created_at < saved_after:
+                    store = self._rank_store(rank)
+                    if self._manifest(store, rank, step).created_at < saved_after:
                         log.warning("ckpt: local copy %s was saved before the shared tier's last rollback: not used", path)
                         continue
-                    digests = {d.name: d for d in hash_files(path, [f.path for f in manifest.files], manifest.run_id, step)}
+                    result = store.check_files(step)
                 except (CkptError, OSError) as exc:
                     log.warning("ckpt: local copy %s not usable: %s", path, getattr(exc, "message", exc))
                     continue
-                bad = [f.path for f in manifest.files if (d := digests.get(f.path)) is None or (d.bytes, d.hash) != (f.bytes, f.hash)]
-                if bad:
-                    log.warning("ckpt: local copy %s is damaged (%s): not used", path, ", ".join(bad[:3]))
+                if not result.ok:
+                    found = [*map(str, result.problems), *(f"{name}: not readable" for name in result.unreadable)]
+                    log.warning("ckpt: local copy %s is damaged (%s): not used", path, "; ".join(found[:3]))
                     continue
                 valid.append((rank, step))
         return valid
 
-    def _manifest(self, path: Path, rank: int, step: int) -> Manifest:
-        manifest = Manifest.from_json((path / layout.MANIFEST_NAME).read_bytes(), f"{path}/{layout.MANIFEST_NAME}")
+    def _rank_store(self, rank: int) -> CheckpointStore:
+        """A rank's local steps are laid out as a checkpoint directory (``step_N/`` with its
+        manifest): the store's reads and checks apply to them."""
+        return CheckpointStore(self.root / rules.rank_dir_name(rank))
+
+    def _manifest(self, store: CheckpointStore, rank: int, step: int) -> Manifest:
+        """The manifest of ``rank``'s local ``step``, refused unless this run and mesh wrote it."""
+        manifest, path = store.read_manifest(step), store.step_path(step)
         local = manifest.env.get("local")
         local = local if isinstance(local, dict) else {}
-        if manifest.step != step or local.get("rank") != rank or local.get("ckpt_dir") != self.ckpt_dir:
+        if local.get("rank") != rank or local.get("ckpt_dir") != self.ckpt_dir:
             raise CkptError(f"{path} belongs to another run or place (rank {local.get('rank')}, {local.get('ckpt_dir')})")
         if manifest.world_size != self.comm.world_size or manifest.layout.dims != self.mesh.dims:
             raise CkptError(f"{path} was written on mesh {manifest.layout.describe()}, this run is {self.mesh.describe()}")
         return manifest
 
     def _load(self, state: TrainingState, step: int) -> LocalResumed:
-        path = Path(rules.step_path(self.root, self.comm.rank, step))
-        manifest = self._manifest(path, self.comm.rank, step)
+        store = self._rank_store(self.comm.rank)
+        path, manifest = store.step_path(step), self._manifest(store, self.comm.rank, step)
         verify = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
         model, optimizer = state.model, state.optimizer
         if not optimizer.state:

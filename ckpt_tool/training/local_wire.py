@@ -13,7 +13,6 @@ it. Every rank of the group must call ``transfer`` (those with nothing to move p
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 from pathlib import Path
 
@@ -22,11 +21,12 @@ import torch.distributed as dist
 import xxhash
 
 from ckpt_tool.core import layout
+from ckpt_tool.core.file_checks import DiskEntry, hash_problems, structure_problems
 from ckpt_tool.core.local_tier import step_path
 from ckpt_tool.core.manifest import Manifest, check_file_name
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.checksums import binding_seed
-from ckpt_tool.store.durable import fsync_dir
+from ckpt_tool.store.durable import directory_replaced
 from ckpt_tool.training.comm import Comm
 
 _LENGTH = struct.Struct("<Q")
@@ -73,24 +73,14 @@ def keep(root: Path, data: bytes | bytearray) -> tuple[int, int]:
     manifest is refused (``CkptError``) and nothing is left behind."""
     rank, step, files = decode(data)
     manifest = Manifest.from_json(files.get(layout.MANIFEST_NAME, b""), f"manifest of rank {rank}'s local step {step}")
-    for entry in manifest.files:
-        blob = files.get(entry.path)
-        digest = xxhash.xxh3_128_hexdigest(blob, seed=binding_seed(manifest.run_id, step, entry.path)) if blob is not None else None
-        if blob is None or len(blob) != entry.bytes or digest != entry.hash:
-            raise CkptError(f"rank {rank}'s local step {step}: {entry.path} does not match its manifest", "the copy is dropped")
-    final = Path(step_path(root, rank, step))
-    partial = final.with_name(f".{final.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
+    digests = {n: xxhash.xxh3_128_hexdigest(b, seed=binding_seed(manifest.run_id, step, n)) for n, b in files.items()}
+    problems = structure_problems(manifest.files, {n: DiskEntry(len(b), True) for n, b in files.items()})
+    problems += hash_problems(manifest.files, digests)
+    if problems:
+        raise CkptError(f"rank {rank}'s local step {step} does not match its manifest: {problems[0]}", "the copy is dropped")
+    with directory_replaced(Path(step_path(root, rank, step))) as partial:
         for name, blob in files.items():
             (partial / name).write_bytes(blob)
-        fsync_dir(partial)
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return rank, step
 
 

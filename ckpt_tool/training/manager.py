@@ -49,7 +49,7 @@ from ckpt_tool.training.mesh import run_mesh
 from ckpt_tool.training.ownership import DirectoryClaim
 from ckpt_tool.training.probe import ProbeSpec, current_env
 from ckpt_tool.training.rank_state import TrainingState
-from ckpt_tool.training.resume import Resumption
+from ckpt_tool.training.resume import Resumed, Resumption
 from ckpt_tool.training.saver import Saver
 
 __all__ = ["CheckpointConfig", "CheckpointManager", "Stateful"]
@@ -217,17 +217,9 @@ class CheckpointManager:
         """
         self.saver.wait()
         self.claim.ensure()
-        if self.local is not None:
-            shared_newest, rolled_back_at = self.comm.on_coordinator(self._local_floor)
-            local = self.local.resume(self.state, shared_newest, rolled_back_at)
-            if local is not None:
-                self.local.forget_after(local.step)
-                self.saver.run_id, self.saver.batch, self.saver.last_saved_step = local.run_id, local.batch, local.step
-                self.extra = self.state.restore(local.rank_state)
-                self.hb.resumed(local.step)
-                self.hb.beat(local.step, "step")
-                return local.step
-        resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request, self.mesh).run()
+        resumed = self._resume_local() if self.local is not None else None
+        if resumed is None:
+            resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request, self.mesh).run()
         if self.local is not None:
             self.local.forget_after(resumed.step if resumed is not None else None)
         if resumed is None:
@@ -238,6 +230,15 @@ class CheckpointManager:
         self.hb.resumed(resumed.step)
         self.hb.beat(resumed.step, "step")
         return resumed.step
+
+    def _resume_local(self) -> Resumed | None:
+        """The fast tier's newest step complete across the job, loaded; None: the shared tier serves."""
+        assert self.local is not None
+        shared_newest, rolled_back_at = self.comm.on_coordinator(self._local_floor)
+        local = self.local.resume(self.state, shared_newest, rolled_back_at)
+        if local is None:
+            return None
+        return Resumed(local.step, local.run_id, local.batch, None, self.state.restore(local.rank_state))
 
     def _local_floor(self) -> tuple[int | None, float]:
         """What a local step must be newer than: the shared tier's newest step, and the time of its
