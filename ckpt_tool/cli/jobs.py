@@ -18,6 +18,7 @@ import typer
 from ckpt_tool.cli.output import err, escape, human, out, print_json
 from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER
 from ckpt_tool.core.layout import RUN_DIR_NAME
+from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.core.timeouts import PHASES, TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode
 
@@ -98,6 +99,16 @@ def run(
         "--warm-import",
         help="A module the spares import too (your heavy imports; repeatable). Imported before the rank's environment is set.",
     ),
+    straggler_threshold: float = typer.Option(
+        0.7, "--straggler-threshold", help="A rank scoring below this (its peers' median time / its own, 0..1) is slow."
+    ),
+    straggler_steps: int = typer.Option(5, "--straggler-steps", min=1, help="Steps in a row a rank stays slow before it is reported."),
+    straggler_suspect: bool = typer.Option(
+        False,
+        "--straggler-suspect",
+        help="A reported straggler makes its node suspect: checkpoint, end the round (exit 77), the batch script leaves it behind.",
+    ),
+    gpu_monitor: bool = typer.Option(True, "--gpu-monitor/--no-gpu-monitor", help="Read the node's GPUs through NVML (the gpu extra)."),
     as_json: bool = typer.Option(False, "--json", help="Print each event as a JSON line on stdout."),
 ) -> None:
     """Run torchrun under a watchdog: crashes and hangs detected in seconds, restarts from the newest checkpoint.
@@ -113,6 +124,12 @@ def run(
     from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
 
     timeouts = TimeoutPolicy(overrides=_parse_timeouts(timeout))
+    try:
+        stragglers = StragglerPolicy(threshold=straggler_threshold, consecutive=straggler_steps)
+    except ValueError as exc:
+        raise CkptError(
+            str(exc), "e.g. --straggler-threshold 0.7: a rank 1.43x slower than its peers' median is slow", ExitCode.USAGE
+        ) from exc
     _check_importable(warm_import)
     if ckpt_dir is not None:
         check_ckpt_dir_agrees(command, ckpt_dir)
@@ -132,6 +149,9 @@ def run(
         timeouts=timeouts,
         warm=warm,
         warm_imports=tuple(warm_import),
+        stragglers=stragglers,
+        straggler_suspect=straggler_suspect,
+        gpu_monitor=gpu_monitor,
     )
     if as_json:
         code = Watchdog(cfg, report=lambda record: print(json.dumps(record, default=str), flush=True)).run()
@@ -162,7 +182,9 @@ def _check_importable(modules: list[str]) -> None:
 
 def _status_line(status: dict[str, Any]) -> str:
     ranks = "  ".join(f"r{r}: step {step} {phase} {ago:.1f}s" for r, (step, phase, ago) in status["ranks"].items())
-    return f"[bold]ckpt run[/] attempt {status['attempt']}  checkpoint {human(status['ckpt'])}  {escape(ranks) or 'starting...'}"
+    slow = "  ".join(f"r{s.rank} {s.worst} {s.own / s.peers:.1f}x" for s in status.get("stragglers", ()) if s.peers)
+    line = f"[bold]ckpt run[/] attempt {status['attempt']}  checkpoint {human(status['ckpt'])}  {escape(ranks) or 'starting...'}"
+    return line + (f"  [yellow]straggler: {escape(slow)}[/]" if slow else "")
 
 
 # --------------------------------------------------------------------------- submit and the requeue chain
@@ -192,6 +214,9 @@ def submit(
     ),
     suspect_after: int = typer.Option(
         DEFAULT_SUSPECT_AFTER, "--suspect-after", min=1, help="Failures in a row blamed on one node (the others fine) that make it suspect."
+    ),
+    straggler_suspect: bool = typer.Option(
+        False, "--straggler-suspect", help="A node whose rank stays a straggler is left behind too (ckpt run --straggler-suspect)."
     ),
     gpus_per_node: int = typer.Option(0, "--gpus-per-node", min=0, help="GPUs per node (also the ranks per node unless --nproc-per-node)."),
     nproc_per_node: int | None = typer.Option(None, "--nproc-per-node", min=1, help="Ranks per node (CPU runs)."),
@@ -229,6 +254,7 @@ def submit(
         nodes=nodes,
         min_nodes=min_nodes,
         suspect_after=suspect_after,
+        straggler_suspect=straggler_suspect,
         nproc_per_node=nproc_per_node or gpus_per_node or 1,
         gpus_per_node=gpus_per_node,
         cpus_per_task=cpus_per_task,

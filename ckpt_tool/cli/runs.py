@@ -13,6 +13,7 @@ from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, pr
 from ckpt_tool.core.health import fold_health
 from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.supervise.rank_health import read_rank_health
 
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of text.")
 
@@ -89,6 +90,7 @@ def status(
         {(e.get("round"), e.get("attempt"), e.get("node") is None) for e in events if e["event"] == "restarted"}
     )
     report["health"] = fold_health(events).to_json()
+    report["ranks"] = read_rank_health(Path(report["run_dir"])) if "run_dir" in report else []
     finals = [
         e["event"]
         for e in events
@@ -112,6 +114,7 @@ def status(
     if report["final"]:
         out.print(f"final state: [bold]{report['final']}[/]")
     _print_health(report["health"])
+    _print_ranks(report["ranks"])
     for e in report["last_events"]:
         out.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {escape(_details(e, e['event'] + ' '))}")
     for text in notes:
@@ -119,17 +122,50 @@ def status(
 
 
 def _print_health(health: dict[str, Any]) -> None:
-    """The node ledger, when a node has failed or been left behind (all quiet: nothing)."""
-    rows = [n for n in health["nodes"] if n["failures_total"] or n["left_behind"]]
+    """The node ledger, when a node has failed, straggled, been flagged or left behind (all quiet: nothing)."""
+    rows = [n for n in health["nodes"] if n["failures_total"] or n["left_behind"] or n["stragglers"] or n["flagged"]]
     if not rows:
         return
     print_table(
-        [Column("node"), Column("in a row"), Column("total"), Column("last failure"), Column("left behind")],
         [
-            (n["node"], n["failures_in_a_row"], n["failures_total"], shorten(n["last_reason"] or "-", 90), n["left_behind"] or "-")
+            Column("node"),
+            Column("in a row"),
+            Column("total"),
+            Column("last failure"),
+            Column("stragglers"),
+            Column("suspect for"),
+            Column("left behind"),
+        ],
+        [
+            (
+                n["node"],
+                n["failures_in_a_row"],
+                n["failures_total"],
+                shorten(n["last_reason"] or "-", 90),
+                f"{n['stragglers']}: {shorten(n['last_straggler'], 60)}" if n["stragglers"] else "-",
+                n["flagged"] or "-",
+                n["left_behind"] or "-",
+            )
             for n in health["nodes"]
         ],
-        title=f"node health (suspect after {health['suspect_after']} failures in a row)",
+        title=f"node health (suspect after {health['suspect_after']} failures in a row, or a GPU error)",
+    )
+
+
+_RANK_COLUMNS = {"rank": "rank", "node": "node", "step": "step", "step s": "wall_s", "compute s": "compute_s", "wait s": "wait_s"}
+_RANK_COLUMNS |= {"score": "score", "vs own best": "individual", "GPU %": "gpu_util", "flag": "flag"}
+
+
+def _print_ranks(ranks: list[dict[str, Any]]) -> None:
+    """Each rank's standing from its node's watchdog: medians over the last steps."""
+    if not ranks:
+        return
+    as_of = time.strftime("%H:%M:%S", time.localtime(max(r["as_of"] for r in ranks)))
+    rows = [{**r, "flag": f"straggler ({r.get('worst')})" if r.get("straggler") else ""} for r in ranks]
+    print_table(
+        [Column(title, key=key) for title, key in _RANK_COLUMNS.items()],
+        [tuple(r.get(key, "-") for key in _RANK_COLUMNS.values()) for r in rows],
+        title=f"ranks (medians of the last steps; score: peers' median / own time, 1 = not slower; as of {as_of})",
     )
 
 
@@ -169,6 +205,10 @@ def history(
         "round_ended": "red",
         "nodes_left_behind": "red",
         "shrunk": "yellow",
+        "straggler": "yellow",
+        "gpu_idle": "yellow",
+        "gpu_error": "red",
+        "round_ending": "yellow",
         "excluded": "yellow",
         "requeue": "yellow",
         "restarted": "yellow",

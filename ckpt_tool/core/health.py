@@ -16,6 +16,11 @@ nodes of the round were fine adds one failure *in a row* to each blamed node and
 others; a group that blames every node (a bug in the code fails everywhere) or none is
 *unattributed* and resets everybody. A node blamed ``suspect_after`` times in a row is suspect.
 
+Two more entries need no failure: a GPU hardware error (``gpu_error``: an uncorrectable ECC
+error, a critical XID) makes its node suspect at once; a ``straggler`` is counted, and makes its
+node suspect only when the run asked for it (``ckpt run --straggler-suspect``: the event then
+says ``suspect``). A one-node job is then requeued on another node (ExcNodeList).
+
 ``plan_nodes`` turns the ledger into one action for the batch script: ``continue``, ``shrink``
 (scontrol update NodeList=keep), ``requeue`` (with ExcNodeList) or ``stop`` (the failure is not a
 node's: the crash-loop breaker's business). One guard keeps a code bug from eating the
@@ -60,6 +65,16 @@ class NodeRecord:
     last_reason: str = ""
     last_time: float | None = None
     left_behind: str | None = None  # why the job left it behind, when it did
+    stragglers: int = 0  # straggler reports of its ranks
+    last_straggler: str = ""
+    flagged: str | None = None  # suspect without failing: a GPU hardware error, a straggler (when asked)
+
+    def suspect(self, suspect_after: int) -> bool:
+        return self.in_a_row >= suspect_after or self.flagged is not None
+
+    def why(self) -> str:
+        failures = f"{self.in_a_row} failures in a row, last {self.last_reason}"
+        return failures if self.flagged is None else f"{self.flagged}" + (f"; {failures}" if self.in_a_row else "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +84,9 @@ class NodeRecord:
             "last_reason": self.last_reason,
             "last_time": self.last_time,
             "left_behind": self.left_behind,
+            "stragglers": self.stragglers,
+            "last_straggler": self.last_straggler,
+            "flagged": self.flagged,
         }
 
 
@@ -84,7 +102,7 @@ class HealthLedger:
         return next((r for r in self.nodes if r.node == node), NodeRecord(node))
 
     def suspects(self, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> tuple[str, ...]:
-        return tuple(r.node for r in self.nodes if r.in_a_row >= suspect_after)
+        return tuple(r.node for r in self.nodes if r.suspect(suspect_after))
 
     def left_behind(self) -> tuple[str, ...]:
         return tuple(r.node for r in self.nodes if r.left_behind)
@@ -137,8 +155,8 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
     order: list[tuple[str, Any]] = []  # ("group", key) or ("leave", event), in log order
     for e in events:
         node, rnd = e.get("node"), e.get("round")
-        if e.get("event") == LEAVE_EVENT:
-            order.append(("leave", e))
+        if e.get("event") == LEAVE_EVENT or (e.get("event") in _MARKS and isinstance(node, str)):
+            order.append(("mark" if e.get("event") in _MARKS else "leave", e))
             continue
         if not isinstance(node, str) or not isinstance(rnd, str):
             continue
@@ -163,6 +181,9 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
     records: dict[str, NodeRecord] = {}
     ledger = HealthLedger()
     for kind, item in order:
+        if kind == "mark":
+            records[item["node"]] = _marked(records.get(item["node"], NodeRecord(item["node"])), item)
+            continue
         if kind == "leave":
             left = [str(n) for n in item.get("drop") or []]
             for n in left:
@@ -191,6 +212,19 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
             else:
                 records[n] = replace(r, in_a_row=0)
     return replace(ledger, nodes=tuple(records[n] for n in sorted(records)))
+
+
+_MARKS = frozenset({"straggler", "gpu_error"})
+
+
+def _marked(r: NodeRecord, e: Mapping[str, Any]) -> NodeRecord:
+    """A ``straggler`` or ``gpu_error`` event's entry in its node's record."""
+    if e.get("event") == "gpu_error":
+        xids = ", ".join(str(x) for x in e.get("xids") or [])
+        what = f"XID {xids}" if xids else f"{e.get('ecc_uncorrected_new')} uncorrectable ECC error(s)"
+        return replace(r, flagged=f"GPU {e.get('gpu')} (rank {e.get('rank')}): {what}")
+    reason = f"rank {e.get('rank')} {e.get('phase')} {e.get('slower_x')}x its peers' median at step {e.get('step')}"
+    return replace(r, stragglers=r.stragglers + 1, last_straggler=reason, flagged=f"straggler: {reason}" if e.get("suspect") else r.flagged)
 
 
 def last_round_finished(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -275,7 +309,7 @@ def plan_nodes(
             f"no node failed {suspect_after} times in a row while the others were fine: the failure is not one node's "
             "(a bug in the code or the data fails everywhere); not leaving any node behind",
         )
-    blamed = "; ".join(f"{n}: {ledger.record(n).in_a_row} failures in a row, last {ledger.record(n).last_reason}" for n in drop)
+    blamed = "; ".join(f"{n}: {ledger.record(n).why()}" for n in drop)
     if after_failure and ledger.left_any and newest_checkpoint == ledger.leave_checkpoint:
         return NodePlan(
             "stop",

@@ -35,6 +35,7 @@ class JobSpec:
     nodes: int = 1
     min_nodes: int | None = None  # --nodes=MIN-MAX: the job may start and go on with fewer
     suspect_after: int = 2
+    straggler_suspect: bool = False  # ckpt run --straggler-suspect: a straggling node is left behind
     nproc_per_node: int = 1
     gpus_per_node: int = 0
     time: str | None = None
@@ -172,6 +173,7 @@ def render(spec: JobSpec, template: str) -> str:
         "nproc_per_node": str(int(spec.nproc_per_node)),
         "min_nodes": str(int(spec.min_nodes or spec.nodes)),
         "suspect_after": str(int(spec.suspect_after)),
+        "straggler_suspect": " --straggler-suspect" if spec.straggler_suspect else "",
         "command": " ".join(q(a) for a in spec.command),
         "env": "\n".join(f"export {k}={q(v)}" for k, v in spec.env),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,25 @@ class Beat:
     attempt: int = 0  # torchrun's restart count
     ckpt: int | None = None  # newest checkpoint the rank knows committed
     resumed_from: int | None = None  # the checkpoint this attempt resumed from (None: fresh start)
+
+
+def beat_of(m: Mapping[str, Any], now: float, attempt: int) -> Beat | None:
+    """The beat in a rank's message (``training.heartbeat``), or None when it is not one."""
+    try:
+        resumed_from = m.get("resumed_from")
+        ckpt = m.get("ckpt")
+        return Beat(
+            int(m["rank"]),
+            int(m["pid"]),
+            int(m["step"]),
+            str(m["phase"]),
+            now,
+            attempt,
+            None if ckpt is None else int(ckpt),
+            None if resumed_from is None else int(resumed_from),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Fault injection of the reference recipe: power cuts, lasting node faults, bugs, data stalls.
+"""Fault injection of the reference recipe: power cuts, lasting node faults, bugs, data stalls,
+stragglers.
 
 Each fault is real where it lands (a SIGKILL, an exception on every rank of a node, a sleeping
 data loader); markers in the checkpoint directory make a one-time fault happen once across
@@ -59,3 +60,11 @@ def stall_once(ckpt_dir: Path, step: int, seconds: float) -> None:
     if not marker.exists():
         marker.write_text(f"stalled at step {step}\n")
         time.sleep(seconds)
+
+
+def slow_compute(seconds: float) -> None:
+    """A rank whose compute is slower (a throttled GPU, a slow core): ``seconds`` more CPU time
+    of work, as more work would take (a sleep would be a rank waiting, not computing)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass

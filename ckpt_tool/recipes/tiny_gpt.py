@@ -34,7 +34,7 @@ from ckpt_tool.core.batch import BatchRequest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.recipes.data import Corpus, GlobalSampler, micro_batch_indices, probe_batch
-from ckpt_tool.recipes.faults import crash_now, next_faulty_node, node_fault, stall_once
+from ckpt_tool.recipes.faults import crash_now, next_faulty_node, node_fault, slow_compute, stall_once
 from ckpt_tool.recipes.gpt_model import GPTConfig, TinyGPT, lm_loss, shard_model
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.distributed import init_distributed
@@ -117,6 +117,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bug-at-step", type=int, help="fault injection: every rank raises at this step, every time (a bug in the code)")
     p.add_argument("--data-stall-at-step", type=int, help="test hook: the data loader stalls at this step, once")
     p.add_argument("--data-stall-s", type=float, default=20.0)
+    p.add_argument("--slow-rank", type=int, help="fault injection: this rank computes --slow-ms longer every step (a straggler)")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-rank: extra compute per step, in ms (CPU kept busy)")
+    p.add_argument("--slow-from-step", type=int, default=1, help="with --slow-rank: the first slow step")
     p.add_argument("--log-samples", type=Path, help="test hook: each rank appends the sample indices of every step to PATH.rankR.jsonl")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -232,6 +235,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                     + "\n"
                 )
                 samples_log.flush()
+            if rank == args.slow_rank and step >= args.slow_from_step:
+                slow_compute(args.slow_ms / 1000)
             loss_sum = torch.zeros(())
             for data in micro_batches:
                 loss = lm_loss(model, data) / batch.grad_accum

@@ -18,6 +18,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def replace_quietly(path: Path, data: bytes) -> None:
+    """Readers see the old or the new content, but nothing is synced: for status files rewritten
+    every few seconds, which inform and which a power cut may take back. Best effort: an error
+    leaves the old file and no temp file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` so that readers see the old or the new content, never a mix.
 

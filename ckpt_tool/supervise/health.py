@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, HealthLedger, fold_health
@@ -55,17 +56,23 @@ def judge_round(run_dir: Path, round_id: str, suspect_after: int) -> list[str]:
     return [n for n in folded.suspects(suspect_after) if n in in_round]
 
 
-def end_round(run_dir: Path, round_id: str, suspects: list[str], by: str) -> None:
-    record = {"round": round_id, "suspects": suspects, "by": by, "time": time.time()}
+@dataclass(frozen=True)
+class RoundEnd:
+    suspects: list[str]
+    checkpoint_first: bool  # a node suspect while training goes on: stop after a checkpoint, lose nothing
+
+
+def end_round(run_dir: Path, round_id: str, suspects: list[str], by: str, checkpoint_first: bool = False) -> None:
+    record = {"round": round_id, "suspects": suspects, "by": by, "time": time.time(), "checkpoint_first": checkpoint_first}
     atomic_write(run_dir / ROUND_END_NAME, (json.dumps(record) + "\n").encode())
 
 
-def round_ended(run_dir: Path, round_id: str) -> list[str] | None:
-    """The suspects another node's watchdog named when it ended round ``round_id``, or None."""
+def round_ended(run_dir: Path, round_id: str) -> RoundEnd | None:
+    """How another node's watchdog ended round ``round_id``, or None."""
     try:
         record = json.loads((run_dir / ROUND_END_NAME).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("round") != round_id:
         return None
-    return [str(n) for n in record.get("suspects") or []]
+    return RoundEnd([str(n) for n in record.get("suspects") or []], record.get("checkpoint_first") is True)

@@ -4,12 +4,13 @@ process group misses the ranks: collect the whole tree (by parent links) first, 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
 
 import psutil
+
+from ckpt_tool.store.durable import replace_quietly
 
 
 def ignore_usr1() -> None:
@@ -95,13 +96,8 @@ def write_ranks(run_dir: Path, node: str, attempt: int, ranks: dict[int, int]) -
     """``RUN_DIR/ranks.NODE.json``: the pid of each rank of this node's current attempt (a rank
     that started warm runs in a spare process, not below torchrun; ``ps`` shows its command).
     Best effort: it informs, nothing depends on it; every node's ``ckpt run`` writes its own."""
-    path = run_dir / f"ranks.{node}.json"
-    partial = run_dir / f".ranks.{node}.{os.getpid()}.partial"
-    try:
-        partial.write_text(json.dumps({"node": node, "attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}))
-        os.replace(partial, path)
-    except OSError:
-        partial.unlink(missing_ok=True)
+    record = {"node": node, "attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}
+    replace_quietly(run_dir / f"ranks.{node}.json", json.dumps(record).encode())
 
 
 def read_ranks(run_dir: Path) -> dict[int, int]:

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER
+from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.core.timeouts import TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.supervise import health
+from ckpt_tool.supervise.channel import ENV_SOCKET
+from ckpt_tool.supervise.handoff import ENV_POOL
 
 ELASTIC_LAST_CALL_S = 10
 
@@ -34,6 +37,9 @@ class RunConfig:
     suspect_after: int = DEFAULT_SUSPECT_AFTER
     warm: bool = True  # pre-warmed spare rank processes (supervise.warm_pool)
     warm_imports: tuple[str, ...] = ()  # more modules for the spares to import (the user's heavy ones)
+    stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
+    straggler_suspect: bool = False  # a straggling node is suspect: checkpoint, end the round, leave it behind
+    gpu_monitor: bool = True  # read the node's GPUs through NVML when there are any
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -46,6 +52,20 @@ class RunConfig:
                 "see `ckpt run --help`",
                 ExitCode.USAGE,
             )
+
+
+def rank_environment(cfg: RunConfig, base: dict[str, str], sock_path: Path, pool_dir: Path) -> dict[str, str]:
+    """The environment torchrun and the ranks get: the heartbeat socket, the run and checkpoint
+    directories, the spare pool's directory (when warm)."""
+    # A fresh store for every rendezvous round: torchrun's shared store keeps the keys of earlier
+    # rounds, and when another node's failure restarts this node's ranks, the restart count
+    # that would separate them is not raised (measured: gloo then dials the dead ranks).
+    env = {**base, ENV_SOCKET: str(sock_path), "CKPT_RUN_DIR": str(cfg.run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if cfg.ckpt_dir is not None:
+        env["CKPT_DIR"] = str(cfg.ckpt_dir)
+    if cfg.warm:
+        env[ENV_POOL] = str(pool_dir)
+    return env
 
 
 def torchrun_argv(cfg: RunConfig, python: str = sys.executable) -> list[str]:

@@ -7,18 +7,19 @@ rendezvous. The watchdog adds what torchrun lacks:
 - **hangs**: ranks beat on a node-local channel with their step and phase; a rank silent for
   longer than its phase's calibrated timeout is killed (SIGTERM, SIGKILL after a grace), which
   turns the hang into a failure torchrun sees and restarts from the newest checkpoint;
-- **crash loops**: ``crash_loop`` failures in a row without a new checkpoint stop the job with
-  a clear message instead of burning the allocation;
+- **crash loops**: ``crash_loop`` failures in a row without a new checkpoint stop the job;
 - **a node that keeps failing**: every rank exit is logged with its node and cause (its own
   crash, a kill, a hang, or a victim of a peer's failure); after each failure the health ledger
   (``supervise.health``) is folded from the run's events, and when a node of this round is
   suspect every node's ``ckpt run`` ends the round (exit 77) so that the batch script can leave
   that node behind;
-- **preemption**: SIGUSR1 or SIGTERM asks the ranks (through the channel, not torchrun's
-  signal forwarding) to checkpoint at the next step and stop; the exit status then says
-  "requeue me";
+- **preemption**: SIGUSR1 or SIGTERM asks the ranks (on the channel, not by torchrun's signal
+  forwarding) to checkpoint at the next step and stop; the exit status says "requeue me";
 - **restarts without imports**: a pre-warmed spare per local rank takes the next rank over
   (``supervise.warm_pool``); the ranks left after a failure are ended at once, not waited for;
+- **stragglers and GPUs** (``supervise.rank_health``): a rank that stays slower than its peers,
+  a GPU idle while its peers work, a GPU hardware error; a node suspect while the training goes
+  on (a GPU error; a straggler with ``--straggler-suspect``) ends the round after a checkpoint;
 - an event log (``events.jsonl``) and phase durations (``timeouts.json``) in the run directory.
 """
 
@@ -32,20 +33,22 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_tool.core.health import classify_crash
-from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, find_hangs
+from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, beat_of, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, calibrate
-from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise import channel, health
 from ckpt_tool.supervise.durations import read_durations, write_durations
 from ckpt_tool.supervise.events import note
-from ckpt_tool.supervise.handoff import ENV_POOL
+from ckpt_tool.supervise.gpu_monitor import open_reader
 from ckpt_tool.supervise.processes import alive, ignore_usr1, kill_tree, write_ranks
-from ckpt_tool.supervise.run_config import RunConfig, torchrun_argv
+from ckpt_tool.supervise.rank_health import RankHealth
+from ckpt_tool.supervise.rank_reports import RankReports
+from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
 from ckpt_tool.supervise.warm_pool import WarmPool
 
 __all__ = ["RunConfig", "Watchdog", "torchrun_argv"]
@@ -76,24 +79,23 @@ class Watchdog:
         self.attempt_pids: set[int] = set()
         self.newest_ckpt: int | None = None
         self.gone: set[int] = set()  # rank pids known dead (killed by us or seen gone)
-        self.exited_cleanly: set[int] = set()  # ranks that said goodbye (normal exit)
         self.failures_counted: set[int] = set()  # attempts whose failure the breaker has seen
         self.resumed_logged: set[int] = set()  # attempts whose first training step was logged
         self.closed_attempts: set[int] = set()  # attempts that lost a rank: no hang judging
         self.breaker = CrashLoopBreaker(cfg.crash_loop)
         self.stop_at: float | None = None
         self.stop_sent = False
-        self.stopped_step: int | None = None
-        self.fatal: dict[str, Any] | None = None  # a rank's error that a restart cannot fix
-        self.said: dict[int, tuple[str, str]] = {}  # rank pid -> (cause, reason) it told before dying
+        self.reports = RankReports()
         self.closing: dict[int, Beat] = {}  # ranks of an attempt that lost a rank, until each is gone
         self.local_ranks: dict[int, int] = {}
         self.round_over: list[str] | None = None  # suspect nodes, when this round must end
+        self.leave_after_stop = False  # the round ends once the stop's checkpoint is committed
         self.closed_at: float | None = None  # when the current attempt lost a rank
         self.judged: set[int] = set()  # attempts whose failure the health ledger has judged
         self._marker_checked = 0.0
         self.durations = DurationLog()
         self.pool: WarmPool | None = None
+        self.health_view = RankHealth(cfg.run_dir, cfg.node, cfg.stragglers, None, None)
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
@@ -104,27 +106,18 @@ class Watchdog:
     def run(self) -> int:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.durations = read_durations(self.cfg.run_dir) or DurationLog()
+        reader, no_gpu = open_reader() if self.cfg.gpu_monitor else (None, "off (--no-gpu-monitor)")
+        self.health_view = RankHealth(self.cfg.run_dir, self.cfg.node, self.cfg.stragglers, reader, os.environ.get("CUDA_VISIBLE_DEVICES"))
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
-        # A fresh store for every rendezvous round: torchrun's shared store keeps the keys of earlier
-        # rounds, and when another node's failure restarts this node's ranks, the restart count
-        # that would separate them is not raised (measured: gloo then dials the dead ranks).
-        env = {
-            **os.environ,
-            channel.ENV_SOCKET: str(sock_path),
-            "CKPT_RUN_DIR": str(self.cfg.run_dir),
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        }
-        if self.cfg.ckpt_dir is not None:
-            env["CKPT_DIR"] = str(self.cfg.ckpt_dir)
+        env = rank_environment(self.cfg, dict(os.environ), sock_path, sock_dir / "warm")
         if self.cfg.warm:  # spares import torch while torchrun starts up
-            env[ENV_POOL] = str(sock_dir / "warm")
             self.pool = WarmPool(sock_dir / "warm", self.cfg.nproc_per_node, env, self.cfg.warm_imports, self.cfg.run_dir / "warm.log")
             self.pool.fill()
         argv = torchrun_argv(self.cfg)
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
-        self.event("start", argv=argv, timeouts=self.timeouts())
+        self.event("start", argv=argv, timeouts=self.timeouts(), gpu_monitor=no_gpu or "NVML")
         # SLURM delivers USR1/TERM to every process of the step, torchrun included, and USR1's
         # default action kills it: torchrun and the ranks ignore USR1 (the ranks get the request
         # on the channel); a rank under `ckpt run` turns TERM into the same request.
@@ -140,6 +133,7 @@ class Watchdog:
             kill_tree([b.pid for b in self.beats.values()], 0.5)  # no orphans, whatever happened
             if self.pool is not None:
                 self.pool.close()
+            self.health_view.close()
             sock.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
             write_durations(self.cfg.run_dir, self.durations, self.timeouts())
@@ -153,14 +147,14 @@ class Watchdog:
                 self._handle(message, now)
             if self.stop_at is not None and not self.stop_sent:
                 self._send_stop(sock)
-            if self.fatal is not None:
-                self.event("fatal", **self.fatal, note="a restart cannot fix this: not restarted")
+            if self.reports.fatal is not None:
+                self.event("fatal", **self.reports.fatal, note="a restart cannot fix this: not restarted")
                 kill_tree([proc.pid], self.cfg.grace_s)
-                return int(self.fatal["exit_code"])
+                return int(self.reports.fatal["exit_code"])
             rc = proc.poll()
             if rc is not None:
                 return self._finished(rc)
-            if self.stopped_step is not None and self.attempt_pids and not any(map(alive, self.attempt_pids)):
+            if self.reports.stopped_step is not None and self.attempt_pids and not any(map(alive, self.attempt_pids)):
                 # Every rank committed the stop checkpoint and is gone: torchrun's own exit (its
                 # monitor interval, exit barrier, interpreter teardown) adds a second for nothing.
                 proc.kill()  # only torchrun: its launchers are gone with the ranks
@@ -169,23 +163,15 @@ class Watchdog:
             self._keep_spares()
             if self.closed_at is not None and self.attempt not in self.judged and now - self.closed_at > JUDGE_AFTER_S:
                 self._judge_nodes(self.attempt)
+            self._found(self.health_view.poll(now, {b.rank: self.local_ranks.get(b.pid, b.rank) for b in self.beats.values()}))
             if self.round_over is None and now - self._marker_checked > 1.0:
                 self._marker_checked = now
-                self.round_over = health.round_ended(self.cfg.run_dir, self.cfg.round_id)
-            if self.round_over is not None:
-                self.event("round_ended", suspects=self.round_over, note="a node keeps failing: the batch script leaves it behind")
+                self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id))
+            ending = self._ending(now)
+            if ending is not None:
+                self.event(ending[1], **ending[2])
                 kill_tree([proc.pid], self.cfg.grace_s)
-                return ExitCode.NODE_FAULT
-            if self.breaker.stalled >= self.breaker.limit:
-                self.event("crash_loop", message=self.breaker.message(self._latest_on_disk()))
-                kill_tree([proc.pid], self.cfg.grace_s)
-                return ExitCode.CRASH_LOOP
-            if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
-                self.event(
-                    "stop_deadline", seconds=self.cfg.stop_deadline_s, note="no checkpoint committed in time; the previous one is intact"
-                )
-                kill_tree([proc.pid], self.cfg.grace_s)
-                return ExitCode.REQUEUE
+                return ending[0]
             hangs = find_hangs(self.beats.values(), self.timeouts(), now) if self.stop_at is None else []
             if hangs:
                 self._kill_hung(hangs)
@@ -195,12 +181,34 @@ class Watchdog:
                         "attempt": self.attempt,
                         "ckpt": self.newest_ckpt,
                         "ranks": {r: (b.step, b.phase, now - b.time) for r, b in sorted(self.beats.items())},
+                        "stragglers": [s for s in self.health_view.scores() if s.straggler],
                     }
                 )
 
+    def _ending(self, now: float) -> tuple[int, str, dict[str, Any]] | None:
+        """(exit code, event, its data) when the round must end now, with its ranks killed."""
+        if self.round_over is not None and not self.leave_after_stop:
+            why = "a node keeps failing: the batch script leaves it behind"
+            return ExitCode.NODE_FAULT, "round_ended", {"suspects": self.round_over, "note": why}
+        if self.breaker.stalled >= self.breaker.limit:
+            return ExitCode.CRASH_LOOP, "crash_loop", {"message": self.breaker.message(self._latest_on_disk())}
+        if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
+            code = ExitCode.NODE_FAULT if self.leave_after_stop else ExitCode.REQUEUE
+            why = "no checkpoint committed in time; the previous one is intact"
+            return code, "stop_deadline", {"seconds": self.cfg.stop_deadline_s, "note": why}
+        return None
+
     def _finished(self, rc: int) -> int:
-        if self.stopped_step is not None:  # torchrun may exit non-zero when it got TERM too
-            self.event("stopped_for_requeue", step=self.stopped_step, exit_code=ExitCode.REQUEUE, torchrun_exit_code=rc)
+        stopped = self.reports.stopped_step
+        if stopped is None and self.reports.stopped_unasked is not None and self.round_over is None:
+            # another node's watchdog ended the round after a checkpoint before this one read its marker
+            self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id), ranks_gone=True)
+            stopped = self.reports.stopped_unasked if self.leave_after_stop else None
+        if stopped is not None and self.leave_after_stop:
+            self.event("round_ended", suspects=self.round_over, step=stopped, note="checkpoint committed; leaving the node behind")
+            return ExitCode.NODE_FAULT
+        if stopped is not None:  # torchrun may exit non-zero when it got TERM too
+            self.event("stopped_for_requeue", step=stopped, exit_code=ExitCode.REQUEUE, torchrun_exit_code=rc)
             return ExitCode.REQUEUE
         if rc == 0:
             self.event("finished", exit_code=0)
@@ -212,56 +220,28 @@ class Watchdog:
     def _handle(self, m: dict[str, Any], now: float) -> None:
         if not isinstance(m.get("rank"), int) or not isinstance(m.get("pid"), int):
             return
-        if m.get("event") == "stopped":
-            if self.stop_at is not None:  # only a stop we asked for (not a rank's reaction to a teardown TERM)
-                self.stopped_step = m.get("step")
+        if self.reports.take(m, stop_asked=self.stop_at is not None):
             return
-        if m.get("event") == "exiting":
-            self.exited_cleanly.add(m["pid"])
-            return
-        if m.get("event") == "crashed":
-            cause = classify_crash(str(m.get("error", "")), str(m.get("message", "")))
-            self.said[m["pid"]] = (cause, f"{m.get('error', '')}: {m.get('message', '')}"[:300])
-            return
-        if m.get("event") == "terminated":
-            self.said.setdefault(m["pid"], ("terminated", "SIGTERM"))
-            return
-        if m.get("event") == "fatal":
-            code = m.get("exit_code")
-            if self.fatal is None and isinstance(code, int) and code in RESTART_CANNOT_HELP:
-                self.fatal = {"rank": m["rank"], "exit_code": code, "message": str(m.get("message", ""))}
-            return
-        try:
-            resumed_from = m.get("resumed_from")
-            torchrun_attempt = int(m.get("attempt", 0))
-            pid = m["pid"]
-            if pid in self.gone:
-                return  # a straggler of an attempt already torn down
-            # A new group of ranks on this node: new pids after the attempt lost a rank, or a higher
-            # torchrun restart count. (That count is per node: an agent restarting its ranks because
-            # another node failed does not raise it, so it cannot number attempts across nodes.)
-            new_group = pid not in self.attempt_pids and (self.attempt in self.closed_attempts or torchrun_attempt > self.torchrun_attempt)
-            if not new_group and self.attempt in self.closed_attempts:
-                return  # a survivor of the attempt being torn down
-            if new_group:
-                self._next_attempt(torchrun_attempt)
-            if not self.attempt_pids:  # the first beat of this attempt's ranks on this node
-                self.event("ranks_started", rank=m["rank"], phase=str(m["phase"]), warm=bool(m.get("warm")))
-            if pid not in self.attempt_pids:
-                self.attempt_pids.add(pid)
-                write_ranks(self.cfg.run_dir, self.cfg.node, self.attempt, {**{b.rank: b.pid for b in self.beats.values()}, m["rank"]: pid})
-            beat = Beat(
-                m["rank"],
-                pid,
-                int(m["step"]),
-                str(m["phase"]),
-                now,
-                self.attempt,
-                m.get("ckpt"),
-                None if resumed_from is None else int(resumed_from),
+        beat = beat_of(m, now, self.attempt)
+        torchrun_attempt = m.get("attempt", 0)
+        if beat is None or not isinstance(torchrun_attempt, int) or beat.pid in self.gone:
+            return  # not a beat, or a straggler of an attempt already torn down
+        # A new group of ranks on this node: new pids after the attempt lost a rank, or a higher
+        # torchrun restart count. (That count is per node: an agent restarting its ranks because
+        # another node failed does not raise it, so it cannot number attempts across nodes.)
+        new_group = beat.pid not in self.attempt_pids and (self.attempt in self.closed_attempts or torchrun_attempt > self.torchrun_attempt)
+        if not new_group and self.attempt in self.closed_attempts:
+            return  # a survivor of the attempt being torn down
+        if new_group:
+            self._next_attempt(torchrun_attempt)
+            beat = replace(beat, attempt=self.attempt)
+        if not self.attempt_pids:  # the first beat of this attempt's ranks on this node
+            self.event("ranks_started", rank=beat.rank, phase=beat.phase, warm=bool(m.get("warm")))
+        if beat.pid not in self.attempt_pids:
+            self.attempt_pids.add(beat.pid)
+            write_ranks(
+                self.cfg.run_dir, self.cfg.node, self.attempt, {**{b.rank: b.pid for b in self.beats.values()}, beat.rank: beat.pid}
             )
-        except (KeyError, TypeError, ValueError):
-            return
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
         # a (re)start that loaded a checkpoint (not a fresh start that has since saved one)
@@ -272,6 +252,7 @@ class Watchdog:
         if previous is not None and (previous.phase != beat.phase or previous.step != beat.step):
             self.durations.add(previous.phase, now - previous.time)
         self.beats[beat.rank] = beat
+        self._found(self.health_view.on_timing(beat.rank, m.get("timing")))
         self.addrs[beat.rank] = str(m.get("addr", ""))
         if isinstance(m.get("local_rank"), int):
             self.local_ranks[beat.pid] = m["local_rank"]
@@ -282,6 +263,7 @@ class Watchdog:
         self._log_deaths(self.closing)
         self.attempt, self.torchrun_attempt = self.attempt + 1, torchrun_attempt
         self.beats, self.closing, self.attempt_pids, self.closed_at = {}, {}, set(), None
+        self.health_view.new_attempt(self.attempt)
         self.event("restarted", torchrun_restart_count=torchrun_attempt)
         if self.attempt - 1 not in self.judged:
             self._judge_nodes(self.attempt - 1)
@@ -300,7 +282,7 @@ class Watchdog:
             self.closing.update(survivors)
             self.beats = {}
             for pid in survivors:
-                self.said.setdefault(pid, ("terminated", "torn down by ckpt run: a rank of its attempt failed"))
+                self.reports.said.setdefault(pid, ("terminated", "torn down by ckpt run: a rank of its attempt failed"))
             kill_tree(list(survivors), TEARDOWN_GRACE_S)
         self._log_deaths(self.closing)
 
@@ -312,10 +294,9 @@ class Watchdog:
                 continue
             self.gone.add(beat.pid)
             watched.pop(key, None)
-            said = self.said.get(beat.pid)
-            if beat.pid in self.exited_cleanly and (said is None or said[0] == "terminated"):
-                continue  # a normal exit, or a stop on request that ended well
-            cause, reason = said or ("killed", "vanished without a word (SIGKILL, a signal, the OOM killer?)")
+            if self.reports.ended_well(beat.pid):
+                continue
+            cause, reason = self.reports.said.get(beat.pid) or ("killed", "vanished without a word (SIGKILL, a signal, the OOM killer?)")
             failed = True
             self.event("rank_exited", **self._where(beat), cause=cause, reason=reason, note="torchrun restarts the group")
         return failed
@@ -359,10 +340,34 @@ class Watchdog:
         attempt has begun): fold the health ledger; when a node of this round is suspect, end the
         round on every node."""
         self.judged.add(attempt)
+        self._judge(checkpoint_first=False)
+
+    def _judge(self, checkpoint_first: bool) -> None:
         suspects = health.judge_round(self.cfg.run_dir, self.cfg.round_id, self.cfg.suspect_after)
         if suspects:
-            health.end_round(self.cfg.run_dir, self.cfg.round_id, suspects, self.cfg.node)
-            self.round_over = suspects
+            health.end_round(self.cfg.run_dir, self.cfg.round_id, suspects, self.cfg.node, checkpoint_first)
+            self._round_end(health.RoundEnd(suspects, checkpoint_first))
+
+    def _found(self, found: list[tuple[str, dict[str, Any]]]) -> None:
+        """Log what the rank health view found; a node that turns suspect ends the round after a checkpoint."""
+        for name, data in found:
+            suspect = name == "gpu_error" or (name == "straggler" and self.cfg.straggler_suspect)
+            self.event(name, **data, **({"suspect": True} if suspect else {}))
+            if suspect and self.round_over is None:
+                self._judge(checkpoint_first=True)
+
+    def _round_end(self, ended: health.RoundEnd | None, ranks_gone: bool = False) -> None:
+        """This round ends (a node's watchdog wrote the marker): at once, or after a checkpoint
+        when the ranks still train (the stop request goes to every rank of the job)."""
+        if ended is None:
+            return
+        self.round_over = ended.suspects
+        if ended.checkpoint_first and ranks_gone:
+            self.leave_after_stop = True
+        elif ended.checkpoint_first and self.beats and self.stop_at is None:
+            self.leave_after_stop = True
+            self.stop_at = time.monotonic()
+            self.event("round_ending", suspects=ended.suspects, note="a node is suspect: checkpoint at the next step, then leave it behind")
 
     def _keep_spares(self) -> None:
         """Once every local rank of the attempt trains, replace the spares a restart took (a
@@ -391,6 +396,5 @@ class Watchdog:
         except CkptError:
             return None
 
-    # ------------------------------------------------------------------ timeouts
     def timeouts(self) -> dict[str, float]:
         return calibrate(self.durations.durations, self.cfg.timeouts)

@@ -65,13 +65,16 @@ class Comm:
         dist.all_gather_object(out, value, group=self.group)
         return out
 
-    def any_rank(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is true on any (main thread, control group)."""
+    def step_sync(self, flag: bool, values: list[float]) -> tuple[bool, list[float]]:
+        """(True on every rank when ``flag`` is true on any, the maximum of each of ``values`` over
+        the ranks): one collective on the control group, from the main thread. It is the step's
+        synchronising collective under ``ckpt run``; ``training.step_timing`` rides on it."""
         if not self.distributed or self.control_group is None:
-            return flag
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+            return flag, list(values)
+        t = torch.tensor([1.0 if flag else 0.0, *values], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control_group)
-        return bool(t.item())
+        reduced = t.tolist()
+        return reduced[0] > 0, reduced[1:]
 
     def barrier(self) -> None:
         if self.distributed:

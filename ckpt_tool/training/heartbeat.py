@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ckpt_tool.core.handoff import WARM_MARKER
 from ckpt_tool.supervise import channel
+from ckpt_tool.training.step_timing import StepTimer
 
 
 class Heartbeat:
@@ -43,6 +44,7 @@ class Heartbeat:
         self.warm = os.environ.get(WARM_MARKER) == "1"  # a pre-warmed spare took this rank over
         self._sock: socket.socket | None = None
         self._addr: Path | None = None
+        self.timer = StepTimer()  # per-step timings for the straggler scores (fed by the manager's step sync)
         if supervisor:
             directory = Path(supervisor).parent if Path(supervisor).parent.is_dir() else Path(tempfile.gettempdir())
             self._addr = directory / f"rank{self.rank}-{os.getpid()}.sock"
@@ -74,6 +76,9 @@ class Heartbeat:
             "addr": str(self._addr),
             "warm": self.warm,
         }
+        timing = self.timer.take()
+        if timing is not None:  # the last finished step's timings ride on the next beat
+            message["timing"] = timing.to_wire()
         channel.send(self._sock, self.supervisor, message)
 
     def send_event(self, event: str, **data: object) -> None:
@@ -84,9 +89,11 @@ class Heartbeat:
     def phase(self, name: str) -> Iterator[None]:
         previous = self.current
         self.beat(phase=name)
+        self.timer.enter(name)
         try:
             yield
         finally:
+            self.timer.leave(name)
             self.beat(phase=previous if previous != "init" else "step")
 
     def checkpoint_committed(self, step: int) -> None:

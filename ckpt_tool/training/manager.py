@@ -128,6 +128,7 @@ class CheckpointManager:
         self.hb = hb or heartbeat()
         self.hb.beat(0, "init")  # the supervisor knows this rank from now on (resume may take long)
         self.comm = comm or Comm(with_control=self.hb.active)
+        self.hb.timer.rank, self.hb.timer.world_size = self.comm.rank, self.comm.world_size  # its slots in the step sync
         self.store = self._open_store(Path(config.directory))
         exported = os.environ.get("CKPT_DIR")
         if exported and self.comm.is_coordinator and Path(exported).resolve() != self.store.root.resolve():
@@ -259,7 +260,7 @@ class CheckpointManager:
         """
         self.hb.beat(step, "step")
         self._last_step, self._last_extra = step, extra
-        stop = self.hb.active and self.comm.any_rank(self.hb.stop_requested())
+        stop = self.hb.active and self._step_sync(step)
         saved = False
         if stop or (self.config.save_every and step % self.config.save_every == 0):
             self.save(step, extra)
@@ -272,6 +273,13 @@ class CheckpointManager:
             log.warning("ckpt: checkpoint of step %d committed on request; stopping for requeue", step)
             raise SystemExit(0)
         return saved
+
+    def _step_sync(self, step: int) -> bool:
+        """The step's synchronising collective under ``ckpt run``: did any rank get a stop request?
+        It also carries the step's timings (the job's best of each, for the straggler scores)."""
+        stop, best = self.comm.step_sync(self.hb.stop_requested(), self.hb.timer.arrive(step))
+        self.hb.timer.synced(best)
+        return stop
 
     @_reports_fatal
     def save(self, step: int, extra: dict[str, Any] | None = None) -> None:

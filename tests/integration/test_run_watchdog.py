@@ -10,54 +10,17 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 
 from ckpt_tool.errors import ExitCode
-from ckpt_tool.recipes.launch import RecipeJob, compare_runs, read_metrics
+from ckpt_tool.recipes.launch import read_metrics
 from ckpt_tool.store.store import CheckpointStore
 
-from ..conftest import SAVE_EVERY, STEPS
+from ..conftest import SAVE_EVERY
+from .conftest import assert_identical_to_reference, assert_no_straggler
 
 pytestmark = pytest.mark.slow
-
-
-class Supervised(RecipeJob):
-    """`ckpt run --nproc-per-node 2 -- -m ckpt_tool.recipes.tiny_gpt ...` in ``root``."""
-
-    def __init__(self, root: Path, *extra: str, run_opts: tuple[str, ...] = (), steps: int = STEPS, save_every: int = SAVE_EVERY) -> None:
-        super().__init__(root, steps, save_every, extra, run_opts=run_opts)
-
-    def rank_list(self) -> list[psutil.Process]:
-        return [p for _, p in sorted(self.ranks().items())]
-
-
-@pytest.fixture
-def supervised(tmp_path):
-    made: list[Supervised] = []
-
-    def make(*extra: str, run_opts: tuple[str, ...] = (), steps: int = STEPS, name: str = "", save_every: int = SAVE_EVERY) -> Supervised:
-        s = Supervised(tmp_path / name if name else tmp_path, *extra, run_opts=run_opts, steps=steps, save_every=save_every)
-        s.root.mkdir(exist_ok=True)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.kill()
-    # No test leaves a process behind: nothing still runs with this test's directory in its command line.
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-    for p in leftovers:
-        p.kill()
-    assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
-
-
-def assert_identical_to_reference(reference_run, s: Supervised) -> None:
-    comparison = compare_runs(reference_run.metrics_lines(), read_metrics(s.metrics))
-    assert comparison.identical, comparison.mismatches[:3]
-    assert comparison.steps_compared == STEPS
 
 
 def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, supervised):
@@ -75,6 +38,7 @@ def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, superv
     assert all(e["cause"] in ("peer_failure", "terminated") for e in exits[1:]), exits
     assert any(e["event"] == "restarted" for e in events)
     assert_identical_to_reference(reference_run, s)
+    assert_no_straggler(s)
 
 
 def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, supervised):
@@ -101,12 +65,14 @@ def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, superv
 
 
 def test_slow_checkpoints_and_a_data_stall_are_not_hangs(supervised):
-    # Sync saves made ~30x slower than a step (3 s vs ~0.1 s) and a 20 s data stall at step 7.
-    s = supervised("--save-delay", "3", "--data-stall-at-step", "7", "--data-stall-s", "20", steps=16)
+    # Sync saves made ~30x slower than a step (3 s vs ~0.1 s) and a 20 s data stall of rank 0 at
+    # step 15, once the straggler scores are warm: neither a hang nor a straggler.
+    s = supervised("--save-delay", "3", "--data-stall-at-step", "15", "--data-stall-s", "20", steps=24, save_every=8)
     assert s.run() == ExitCode.OK, s.log_tail()
     names = [e["event"] for e in s.events()]
     assert "hang" not in names and "rank_exited" not in names and "restarted" not in names, names
     assert names[-1] == "finished"
+    assert_no_straggler(s)
 
 
 def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised):
@@ -127,6 +93,7 @@ def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised
     lines = read_metrics(s.metrics)
     assert [m.step for m in lines if m.step > step][0] == step + 1  # resumed right after the checkpoint
     assert_identical_to_reference(reference_run, s)
+    assert_no_straggler(again)
 
 
 def test_crash_loop_is_stopped_with_a_clear_message(supervised):

@@ -54,9 +54,9 @@ def test_a_fresh_start_is_not_a_resume_even_after_its_first_save(tmp_path):
 def test_a_fatal_report_is_kept_only_for_errors_a_restart_cannot_fix(tmp_path):
     w = Watchdog(RunConfig(command=("x",), run_dir=tmp_path), report=lambda line: None)
     w._handle({"rank": 1, "pid": 1, "event": "fatal", "exit_code": 1, "message": "a crash"}, 1.0)
-    assert w.fatal is None
+    assert w.reports.fatal is None
     w._handle({"rank": 1, "pid": 1, "event": "fatal", "exit_code": 4, "message": "does not fit"}, 1.0)
-    assert w.fatal == {"rank": 1, "exit_code": 4, "message": "does not fit"}
+    assert w.reports.fatal == {"rank": 1, "exit_code": 4, "message": "does not fit"}
 
 
 def test_garbage_is_ignored(tmp_path):

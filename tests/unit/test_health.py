@@ -161,3 +161,26 @@ def test_plan_says_finished_when_the_surviving_nodes_finished_the_round():
     plan = plan_nodes(("n1", "n2", "n3"), fold_health([]), 2, 10, after_failure=True, finished=("n1", "n2"))
     assert (plan.action, plan.keep, plan.drop) == ("finished", ("n1", "n2"), ())
     assert plan_nodes(NODES, fold_health([]), 2, 10, after_failure=False, finished=("n1",)).action == "continue"
+
+
+def mark(event: str, node: str, t: float = 2.0, **kw) -> dict:
+    return {"event": event, "node": node, "round": "r", "attempt": 0, "time": t, "rank": 5, **kw}
+
+
+def test_a_gpu_hardware_error_makes_its_node_suspect_at_once_and_says_why():
+    ledger = fold_health(start("r", *NODES) + [mark("gpu_error", "n2", gpu=3, xids=[79])])
+    assert ledger.suspects(2) == ("n2",) and ledger.record("n2").total == 0
+    plan = plan_nodes(NODES, ledger, min_nodes=2, newest_checkpoint=10, after_failure=True)
+    assert plan.action == "shrink" and plan.drop == ("n2",) and "GPU 3 (rank 5): XID 79" in plan.reason
+    ecc = fold_health(start("r", *NODES) + [mark("gpu_error", "n1", gpu=0, xids=[], ecc_uncorrected_new=2)])
+    assert "2 uncorrectable ECC error(s)" in (ecc.record("n1").flagged or "")
+
+
+def test_a_straggler_is_counted_and_makes_its_node_suspect_only_when_the_run_asked():
+    event = mark("straggler", "n3", phase="compute", slower_x=3.1, step=40)
+    ledger = fold_health(start("r", *NODES) + [event, {**event, "time": 3.0}])
+    assert ledger.record("n3").stragglers == 2 and "compute 3.1x" in ledger.record("n3").last_straggler
+    assert ledger.suspects(2) == ()  # reported, not acted on: off by default
+    asked = fold_health(start("r", *NODES) + [{**event, "suspect": True}])
+    assert asked.suspects(2) == ("n3",) and asked.record("n3").flagged.startswith("straggler: rank 5 compute 3.1x")
+    assert [n["stragglers"] for n in asked.to_json()["nodes"] if n["node"] == "n3"] == [1]

@@ -158,3 +158,9 @@ def test_min_nodes_renders_a_node_range_and_is_checked():
     for bad in (0, 4):
         with pytest.raises(CkptError, match="--min-nodes"):
             spec(nodes=3, min_nodes=bad)
+
+
+def test_straggler_suspect_is_passed_to_every_nodes_ckpt_run():
+    line = next(s for s in render(spec(straggler_suspect=True), TEMPLATE).splitlines() if "--max-restarts" in s)
+    assert '--suspect-after "$SUSPECT_AFTER" --straggler-suspect --ckpt-dir' in line
+    assert "--straggler-suspect" not in render(spec(), TEMPLATE)

@@ -1,0 +1,243 @@
+"""Which rank slows the job down: per-step timings in, straggler findings out. Pure.
+
+Every rank measures each training step (``training.step_timing``): its wall time between two
+step ends, the CPU time its training thread was busy (``compute``: the work of the step without
+the time blocked in collectives, which equalises the wall times of all ranks), the wall time of
+the phases it marks (``data``, ``eval``, ``checkpoint``) and the time blocked in the step's
+synchronising collective. The same collective gives every rank the others' values of each
+scored quantity at that step, so a rank knows the median of its peers, and a node's watchdog
+scores its own ranks against the whole job without any extra message.
+
+Scores are ratios of rolling medians over ``window`` steps, 0..1 (1: not slower than its peers;
+NVIDIA's resiliency extension scores alike, with the best rank as the reference; the median of
+the peers is not moved by one lucky rank):
+
+- relative: the median of the other ranks / this rank's (a rank 1.5x slower scores 0.67);
+- individual: this rank's best rolling median so far / its current one (a rank that slowed down).
+
+A rank is a straggler in a quantity when its relative score stays below ``threshold`` for
+``consecutive`` steps and its excess over its peers is worth telling (at least ``min_share`` of
+its step's wall time and ``min_seconds``): a single stall (one slow batch, a checkpoint) moves a
+rolling median by nothing. Detection bound: a rank that becomes slow at step s is reported by
+step s + ``window // 2 + 1 + consecutive - 1`` (the median turns, then the run of steps), plus
+the one step a beat carries its timing late. ``checkpoint`` is measured but not scored: rank 0
+commits, so it is slower there by design.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+SCORED = ("compute", "data", "eval")  # the quantities compared between ranks
+MARKED = ("data", "eval", "checkpoint")  # phases a rank times apart from its compute
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One rank's step: seconds, and its peers' median of each scored quantity at that step."""
+
+    step: int
+    wall: float  # between the ends of two step syncs (includes the sync's wait)
+    compute: float  # CPU time of the training thread outside the marked phases
+    sync_wait: float  # blocked in the step's synchronising collective
+    phases: Mapping[str, float] = field(default_factory=dict)  # wall time in each marked phase
+    peers: Mapping[str, float] = field(default_factory=dict)  # the other ranks' median per scored quantity
+
+    @property
+    def wait(self) -> float:
+        """The step's time not spent computing or in a marked phase: blocked in collectives
+        (FSDP's gathers included), waiting for the slowest rank."""
+        return max(0.0, self.wall - self.compute - sum(self.phases.values()))
+
+    def value(self, quantity: str) -> float:
+        return self.compute if quantity == "compute" else float(self.phases.get(quantity, 0.0))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "wall": round(self.wall, 6),
+            "compute": round(self.compute, 6),
+            "sync_wait": round(self.sync_wait, 6),
+            "phases": {k: round(v, 6) for k, v in self.phases.items() if v},
+            "peers": {k: round(v, 6) for k, v in self.peers.items()},
+        }
+
+    @staticmethod
+    def from_wire(data: Any) -> StepTiming | None:
+        """None for anything that is not a timing a rank sent (a beat is never trusted blindly)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            phases = {str(k): float(v) for k, v in dict(data.get("phases") or {}).items() if k in MARKED}
+            peers = {str(k): float(v) for k, v in dict(data.get("peers") or {}).items() if k in SCORED}
+            timing = StepTiming(int(data["step"]), float(data["wall"]), float(data["compute"]), float(data["sync_wait"]), phases, peers)
+        except (KeyError, TypeError, ValueError):
+            return None
+        numbers = (timing.wall, timing.compute, timing.sync_wait, *phases.values(), *peers.values())
+        return timing if all(0 <= x < 1e7 for x in numbers) else None
+
+
+@dataclass(frozen=True)
+class StragglerPolicy:
+    threshold: float = 0.7  # relative score below this is slow
+    window: int = 5  # steps in a rolling median
+    consecutive: int = 5  # steps in a row below the threshold before it is reported
+    warmup: int = 3  # first steps of each attempt are not scored (allocation, compilation, resume)
+    min_share: float = 0.05  # excess over the peers worth telling, as a share of the step's wall time
+    min_seconds: float = 0.002
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold < 1:
+            raise ValueError(f"straggler threshold must be between 0 and 1 (a relative score), got {self.threshold}")
+        if self.window < 1 or self.consecutive < 1 or self.warmup < 0:
+            raise ValueError("straggler window and consecutive must be >= 1 and warmup >= 0")
+
+    @property
+    def bound_steps(self) -> int:
+        """Steps from the first slow step to the report, at most (the beat's one step included)."""
+        return self.window // 2 + self.consecutive + 1
+
+
+@dataclass(frozen=True)
+class RankScore:
+    """A rank's standing over the last ``window`` steps (medians)."""
+
+    rank: int
+    step: int
+    wall: float
+    compute: float
+    wait: float
+    score: float  # the worst relative score over the scored quantities
+    worst: str  # which quantity
+    own: float  # its median in that quantity
+    peers: float  # its peers' median in that quantity
+    individual: float
+    straggler: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "step": self.step,
+            "wall_s": round(self.wall, 4),
+            "compute_s": round(self.compute, 4),
+            "wait_s": round(self.wait, 4),
+            "score": round(self.score, 3),
+            "worst": self.worst,
+            "individual": round(self.individual, 3),
+            "straggler": self.straggler,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    """``straggler`` (reported once per episode) or ``straggler_cleared``."""
+
+    event: str
+    rank: int
+    phase: str
+    step: int
+    own_s: float
+    peers_s: float
+    score: float
+    steps: int  # steps in a row below the threshold
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "phase": self.phase,
+            "step": self.step,
+            "time_s": round(self.own_s, 4),
+            "peers_median_s": round(self.peers_s, 4),
+            "slower_x": round(self.own_s / self.peers_s, 2) if self.peers_s > 0 else None,
+            "score": round(self.score, 3),
+            "steps_below": self.steps,
+        }
+
+
+@dataclass
+class _Rank:
+    recent: deque[StepTiming]
+    seen: int = 0
+    below: dict[str, int] = field(default_factory=dict)
+    flagged: set[str] = field(default_factory=set)
+    best_own: dict[str, float] = field(default_factory=dict)  # lowest rolling median so far
+
+
+class StragglerDetector:
+    """Rolling statistics of the ranks one watchdog hears, and the findings they lead to."""
+
+    def __init__(self, policy: StragglerPolicy | None = None) -> None:
+        self.policy = policy or StragglerPolicy()
+        self.ranks: dict[int, _Rank] = {}
+
+    def reset(self) -> None:
+        """A new attempt: new processes, a new warm-up."""
+        self.ranks = {}
+
+    def observe(self, rank: int, timing: StepTiming) -> list[Finding]:
+        p = self.policy
+        r = self.ranks.setdefault(rank, _Rank(deque(maxlen=p.window)))
+        r.seen += 1
+        if r.seen <= p.warmup:
+            return []
+        r.recent.append(timing)
+        if len(r.recent) < p.window:
+            return []
+        wall = median(t.wall for t in r.recent)
+        found = []
+        for q in SCORED:
+            own, peers = self._medians(r, q)
+            if own <= 0 or peers is None:
+                continue
+            r.best_own[q] = min(r.best_own.get(q, own), own)
+            slow = peers / own < p.threshold and own - peers >= max(p.min_seconds, p.min_share * wall)
+            r.below[q] = r.below.get(q, 0) + 1 if slow else 0
+            if slow and r.below[q] >= p.consecutive and q not in r.flagged:
+                r.flagged.add(q)
+                found.append(Finding("straggler", rank, q, timing.step, own, peers, peers / own, r.below[q]))
+            elif not slow and q in r.flagged:
+                r.flagged.discard(q)
+                found.append(Finding("straggler_cleared", rank, q, timing.step, own, peers, min(1.0, peers / own), 0))
+        return found
+
+    def _medians(self, r: _Rank, quantity: str) -> tuple[float, float | None]:
+        """(this rank's median, its peers' median or None when no peer had the quantity)."""
+        own = median(t.value(quantity) for t in r.recent)
+        peers = [t.peers[quantity] for t in r.recent if quantity in t.peers]
+        return own, median(peers) if peers else None
+
+    def scores(self) -> list[RankScore]:
+        """Each scored rank's standing (ranks still in warm-up are left out)."""
+        out = []
+        for rank, r in sorted(self.ranks.items()):
+            if not r.recent:
+                continue
+            scored = []
+            for q in SCORED:
+                own, peers = self._medians(r, q)
+                if own > 0 and peers is not None:
+                    scored.append((min(1.0, peers / own), q, own, peers))
+            score, worst, own, peers = min(scored, default=(1.0, "compute", 0.0, 0.0))
+            current = self._medians(r, "compute")[0]
+            individual = min(1.0, r.best_own.get("compute", current) / current) if current > 0 else 1.0
+            last = r.recent[-1]
+            out.append(
+                RankScore(
+                    rank,
+                    last.step,
+                    median(t.wall for t in r.recent),
+                    current,
+                    median(t.wait for t in r.recent),
+                    score,
+                    worst,
+                    own,
+                    peers,
+                    individual,
+                    bool(r.flagged),
+                )
+            )
+        return out

@@ -1,0 +1,106 @@
+"""What a node's watchdog sees of its ranks beyond beats: straggler scores and GPU readings.
+
+The ranks' step timings arrive on their beats (``training.step_timing``), already holding their
+peers' medians across the whole job; ``core.stragglers`` keeps the rolling statistics and says
+when a rank straggles. Once a second the node's GPUs are read (``supervise.gpu_monitor``) and
+``core.gpu_health`` says which rank's GPU idles while its peers work, and which reported a
+hardware error. The findings go back to the watchdog as events; every two seconds the standing
+of this node's ranks is written to ``RUN_DIR/rank_health.NODE.json`` for ``ckpt status``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ckpt_tool.core.gpu_health import GpuSample, GpuWatch
+from ckpt_tool.core.stragglers import RankScore, StepTiming, StragglerDetector, StragglerPolicy
+from ckpt_tool.store.durable import replace_quietly
+from ckpt_tool.supervise.gpu_monitor import GpuReader, device_of_local_rank
+
+HEALTH_FILE = "rank_health.{node}.json"
+GPU_EVERY_S = 1.0
+WRITE_EVERY_S = 2.0
+
+Found = list[tuple[str, dict[str, Any]]]
+
+
+class RankHealth:
+    def __init__(self, run_dir: Path, node: str, policy: StragglerPolicy, reader: GpuReader | None, cuda_visible: str | None) -> None:
+        self.path = run_dir / HEALTH_FILE.format(node=node)
+        self.node = node
+        self.detector = StragglerDetector(policy)
+        self.reader = reader
+        self.cuda_visible = cuda_visible
+        self.gpu = GpuWatch()
+        self.gpus: dict[int, GpuSample] = {}  # rank -> its GPU's last reading
+        self.attempt = 0
+        self._read_at = self._written_at = float("-inf")
+
+    def on_timing(self, rank: int, raw: Any) -> Found:
+        """A beat's timing (not trusted: anything malformed is dropped)."""
+        timing = StepTiming.from_wire(raw)
+        if timing is None:
+            return []
+        return [(f.event, f.to_json()) for f in self.detector.observe(rank, timing)]
+
+    def new_attempt(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.detector.reset()
+        self.gpus = {}
+
+    def poll(self, now: float, local_ranks: dict[int, int]) -> Found:
+        """``local_ranks``: rank -> local rank of this node's current ranks."""
+        found: Found = []
+        if self.reader is not None and now - self._read_at >= GPU_EVERY_S:
+            self._read_at = now
+            found = self._read_gpus(local_ranks)
+        if now - self._written_at >= WRITE_EVERY_S:
+            self._written_at = now
+            self.write()
+        return found
+
+    def _read_gpus(self, local_ranks: dict[int, int]) -> Found:
+        assert self.reader is not None
+        samples = self.reader.sample()
+        self.gpus = {}
+        for rank, local in local_ranks.items():
+            index = self.reader.index_of(device_of_local_rank(local, self.cuda_visible))
+            if index is not None and index in samples:
+                self.gpus[rank] = samples[index]
+        return self.gpu.observe(self.gpus)
+
+    def scores(self) -> list[RankScore]:
+        return self.detector.scores()
+
+    def table(self) -> dict[str, Any]:
+        rows = []
+        for s in self.scores():
+            row = s.to_json()
+            if s.rank in self.gpus:
+                row["gpu_util"] = self.gpus[s.rank].util
+            rows.append(row)
+        return {"node": self.node, "time": time.time(), "attempt": self.attempt, "ranks": rows, "gpu_monitor": self.reader is not None}
+
+    def write(self) -> None:
+        """Best effort: it informs ``ckpt status``; nothing depends on it."""
+        replace_quietly(self.path, (json.dumps(self.table()) + "\n").encode())
+
+    def close(self) -> None:
+        self.write()
+        if self.reader is not None:
+            self.reader.close()
+
+
+def read_rank_health(run_dir: Path) -> list[dict[str, Any]]:
+    """Every node's last written standing (for ``ckpt status``), rows with their node."""
+    rows = []
+    for path in sorted(run_dir.glob(HEALTH_FILE.format(node="*"))):
+        try:
+            data = json.loads(path.read_text())
+            rows += [{"node": data["node"], "as_of": data["time"], **r} for r in data["ranks"] if isinstance(r, dict)]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(rows, key=lambda r: r.get("rank", 0))

@@ -1,0 +1,51 @@
+"""What the ranks of a node tell their watchdog besides beats: a crash (classified: its own
+failure or a collective that failed because a peer died), a SIGTERM, a clean exit, an error a
+restart cannot fix, and a stop after a checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckpt_tool.core.health import classify_crash
+from ckpt_tool.errors import RESTART_CANNOT_HELP
+
+REPORTS = frozenset({"stopped", "exiting", "crashed", "terminated", "fatal"})
+
+
+@dataclass
+class RankReports:
+    said: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank pid -> (cause, reason) it told before dying
+    exited_cleanly: set[int] = field(default_factory=set)  # ranks that said goodbye (normal exit)
+    fatal: dict[str, Any] | None = None  # a rank's error that a restart cannot fix
+    stopped_step: int | None = None  # the ranks stopped after a checkpoint this watchdog asked for
+    stopped_unasked: int | None = None  # ... that this watchdog did not ask for (another node's, or a TERM)
+
+    def take(self, m: dict[str, Any], stop_asked: bool) -> bool:
+        """Record ``m`` (from rank pid ``m["pid"]``) when it is such a report; False for a beat."""
+        event, pid = m.get("event"), m["pid"]
+        if event not in REPORTS:
+            return False
+        if event == "stopped":
+            step = m.get("step") if isinstance(m.get("step"), int) else None
+            if stop_asked:  # not a rank's reaction to a teardown TERM
+                self.stopped_step = step
+            else:
+                self.stopped_unasked = step
+        elif event == "exiting":
+            self.exited_cleanly.add(pid)
+        elif event == "crashed":
+            cause = classify_crash(str(m.get("error", "")), str(m.get("message", "")))
+            self.said[pid] = (cause, f"{m.get('error', '')}: {m.get('message', '')}"[:300])
+        elif event == "terminated":
+            self.said.setdefault(pid, ("terminated", "SIGTERM"))
+        else:
+            code = m.get("exit_code")
+            if self.fatal is None and isinstance(code, int) and code in RESTART_CANNOT_HELP:
+                self.fatal = {"rank": m["rank"], "exit_code": code, "message": str(m.get("message", ""))}
+        return True
+
+    def ended_well(self, pid: int) -> bool:
+        """A normal exit, or a stop on request that ended well (not a crash to report)."""
+        said = self.said.get(pid)
+        return pid in self.exited_cleanly and (said is None or said[0] == "terminated")

@@ -1,0 +1,54 @@
+"""The `supervised` fixture: the reference recipe under `ckpt run` (2 ranks), cleaned up after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckpt_tool.recipes.launch import RecipeJob, compare_runs, read_metrics
+
+from ..conftest import SAVE_EVERY, STEPS
+
+
+class Supervised(RecipeJob):
+    """`ckpt run --nproc-per-node 2 -- -m ckpt_tool.recipes.tiny_gpt ...` in ``root``."""
+
+    def __init__(self, root: Path, *extra: str, run_opts: tuple[str, ...] = (), steps: int = STEPS, save_every: int = SAVE_EVERY) -> None:
+        super().__init__(root, steps, save_every, extra, run_opts=run_opts)
+
+    def rank_list(self) -> list[psutil.Process]:
+        return [p for _, p in sorted(self.ranks().items())]
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    made: list[Supervised] = []
+
+    def make(*extra: str, run_opts: tuple[str, ...] = (), steps: int = STEPS, name: str = "", save_every: int = SAVE_EVERY) -> Supervised:
+        s = Supervised(tmp_path / name if name else tmp_path, *extra, run_opts=run_opts, steps=steps, save_every=save_every)
+        s.root.mkdir(exist_ok=True)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.kill()
+    # No test leaves a process behind: nothing still runs with this test's directory in its command line.
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    for p in leftovers:
+        p.kill()
+    assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
+
+
+def assert_identical_to_reference(reference_run, s: Supervised) -> None:
+    comparison = compare_runs(reference_run.metrics_lines(), read_metrics(s.metrics))
+    assert comparison.identical, comparison.mismatches[:3]
+    assert comparison.steps_compared == STEPS
+
+
+def assert_no_straggler(s: Supervised) -> None:
+    """A normal run (restarts, checkpoints, a data stall) names no straggler and no idle GPU."""
+    false_alarms = [e for e in s.events() if e["event"] in ("straggler", "gpu_idle", "gpu_error")]
+    assert not false_alarms, false_alarms

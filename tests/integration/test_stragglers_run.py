@@ -1,0 +1,74 @@
+"""`ckpt run` (2 ranks of the reference recipe) with a rank made slow, and with the fake NVML:
+stragglers and GPUs are reported with their rank and node, and a GPU hardware error ends the
+round after a checkpoint. The "no straggler in a normal run" checks sit in test_run_watchdog's
+runs (a restart, slow checkpoints and a data stall, a requeue)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ckpt_tool.core.stragglers import StragglerPolicy
+from ckpt_tool.errors import ExitCode
+from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.supervise.health import node_name
+
+from .conftest import assert_identical_to_reference
+
+pytestmark = pytest.mark.slow
+
+SLOW_FROM = 10
+
+
+def status_json(ckpt_dir) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "ckpt_tool.cli.main", "status", str(ckpt_dir), "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_slow_rank_is_named_within_the_bound_and_the_training_is_unchanged(reference_run, supervised):
+    # ~0.3 s more compute a step on rank 1 from step 10: at least 3x its peer's (~0.05-0.1 s here)
+    s = supervised("--slow-rank", "1", "--slow-ms", "300", "--slow-from-step", str(SLOW_FROM))
+    assert s.run() == ExitCode.OK, s.log_tail()
+    [found] = [e for e in s.events() if e["event"] == "straggler"]
+    assert (found["rank"], found["node"], found["phase"]) == (1, node_name(), "compute"), found
+    assert found["slower_x"] >= 2.0 and found["score"] < 0.7
+    delay = found["step"] - SLOW_FROM + 1  # the step its timing is of; its beat is one step later
+    assert delay + 1 <= StragglerPolicy().bound_steps, found
+    assert_identical_to_reference(reference_run, s)  # a slow rank slows the job, it changes no number
+    report = status_json(s.run_dir)
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    assert ranks[1]["straggler"] and ranks[1]["node"] == node_name() and not ranks[0]["straggler"]
+    assert ranks[1]["compute_s"] > 2 * ranks[0]["compute_s"] and ranks[0]["wait_s"] > ranks[1]["wait_s"]
+    [node] = report["health"]["nodes"]
+    assert node["stragglers"] == 1 and node["flagged"] is None and report["health"]["suspects"] == []  # counted, not acted on
+
+
+def test_an_idle_gpu_is_reported_and_an_xid_ends_the_round_after_a_checkpoint(supervised, tmp_path):
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps({"gpus": [{"index": 0, "util": 0}, {"index": 1, "util": 100}]}))  # rank 0's GPU idles
+    s = supervised(steps=400, save_every=50)
+    s.start(env={"CKPT_FAKE_NVML": str(nvml)})
+    deadline = time.monotonic() + 120
+    while not [e for e in s.events() if e["event"] == "gpu_idle"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    [idle] = [e for e in s.events() if e["event"] == "gpu_idle"]
+    assert (idle["rank"], idle["gpu"], idle["node"]) == (0, 0, node_name())
+    nvml.write_text(json.dumps({"gpus": [{"index": 0, "util": 95}, {"index": 1, "util": 100, "xids": [79]}]}))  # GPU fell off the bus
+    assert s.wait() == ExitCode.NODE_FAULT, s.log_tail()
+    events = s.events()
+    [error] = [e for e in events if e["event"] == "gpu_error"]
+    assert error["rank"] == 1 and error["xids"] == [79] and error["suspect"] is True
+    [ended] = [e for e in events if e["event"] == "round_ended"]
+    assert ended["suspects"] == [node_name()]
+    store = CheckpointStore(s.ckpt)
+    assert store.read_latest() == ended["step"] and ended["step"] % 50 != 0  # the stop's own checkpoint: no work lost
+    assert store.check_files(ended["step"]).ok
+    health = json.loads((s.run_dir / "health.json").read_text())
+    assert health["suspects"] == [node_name()] and "GPU 1 (rank 1): XID 79" in health["nodes"][0]["flagged"]

@@ -1,0 +1,158 @@
+"""Straggler scores (core.stragglers) and the rank-side step timer (training.step_timing). Pure:
+timings in, findings out; the timer's clocks are the real ones."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from ckpt_tool.core.stragglers import StepTiming, StragglerDetector, StragglerPolicy
+from ckpt_tool.training.step_timing import StepTimer
+
+POLICY = StragglerPolicy()
+
+
+def job(detector: StragglerDetector, steps: range, compute: dict[int, float], jitter: float = 0.0, seed: int = 0, **phases_at):
+    """Feed ``detector`` the timings of every rank for ``steps``: compute seconds per rank (times
+    a random factor within +-jitter), each rank's peers' median computed as a rank would."""
+    rng = random.Random(seed)
+    findings = []
+    for step in steps:
+        own = {r: c * (1 + rng.uniform(-jitter, jitter)) for r, c in compute.items()}
+        data = {r: phases_at.get("data", {}).get((r, step), 0.001) for r in compute}
+        wall = max(own[r] + data[r] for r in compute) + 0.01
+        for r in compute:
+            others = sorted(v for q, v in own.items() if q != r)
+            peers_data = sorted(v for q, v in data.items() if q != r)
+            timing = StepTiming(
+                step,
+                wall,
+                own[r],
+                0.001,
+                {"data": data[r]},
+                {"compute": others[(len(others) - 1) // 2], "data": peers_data[(len(peers_data) - 1) // 2]},
+            )
+            findings += detector.observe(r, timing)
+    return findings
+
+
+@pytest.mark.parametrize("factor", [1.5, 3.0])
+def test_a_slow_rank_is_named_within_the_stated_bound(factor):
+    d = StragglerDetector(POLICY)
+    before = job(d, range(1, 21), {0: 0.3, 1: 0.3, 2: 0.3, 3: 0.3}, jitter=0.03)
+    assert before == []
+    after = job(d, range(21, 41), {0: 0.3, 1: 0.3, 2: 0.3 * factor, 3: 0.3}, jitter=0.03)
+    assert [(f.event, f.rank, f.phase) for f in after] == [("straggler", 2, "compute")]
+    assert after[0].step - 21 + 1 <= POLICY.bound_steps - 1  # the beat that carries it adds the last step
+    assert after[0].to_json()["slower_x"] == pytest.approx(factor, rel=0.1)
+    standing = {s.rank: s for s in d.scores()}
+    assert standing[2].straggler and standing[2].score < POLICY.threshold and standing[2].individual < 0.8
+    assert not standing[0].straggler and standing[0].score > 0.9
+
+
+def test_noise_a_slightly_slower_rank_and_one_long_stall_are_not_stragglers():
+    d = StragglerDetector(POLICY)
+    stall = {"data": {(1, 50): 20.0, (3, 120): 5.0}}  # a data loader stalled once on a shared filesystem
+    found = job(d, range(1, 301), {0: 0.3, 1: 0.3, 2: 0.36, 3: 0.3}, jitter=0.15, seed=7, **stall)  # 1.2x: slower, not a straggler
+    assert found == []
+
+
+def test_a_rank_that_recovers_is_cleared_and_can_be_reported_again():
+    d = StragglerDetector(POLICY)
+    assert [f.event for f in job(d, range(1, 20), {0: 0.1, 1: 0.3})] == ["straggler"]
+    assert [f.event for f in job(d, range(20, 40), {0: 0.1, 1: 0.1})] == ["straggler_cleared"]
+    assert [f.event for f in job(d, range(40, 60), {0: 0.1, 1: 0.3})] == ["straggler"]
+
+
+def test_a_small_absolute_excess_is_not_worth_telling():
+    """Data loading 3x slower on one rank, but 3 ms in a 300 ms step: below min_share (5%)."""
+    d = StragglerDetector(POLICY)
+    slow_data = {"data": {(1, s): 0.003 for s in range(1, 60)}}
+    assert job(d, range(1, 60), {0: 0.3, 1: 0.3}, **slow_data) == []
+
+
+def test_a_phase_no_peer_has_is_not_scored():
+    """Only rank 0 evaluates: nobody to compare its eval time with."""
+    d = StragglerDetector(POLICY)
+    for step in range(1, 40):
+        for r in (0, 1):
+            phases = {"eval": 2.0} if r == 0 else {}
+            peers = {"compute": 0.3} if r == 0 else {"compute": 0.3, "eval": 2.0}
+            assert d.observe(r, StepTiming(step, 2.4, 0.3, 0.0, phases, peers)) == []
+
+
+def test_warm_up_and_a_new_attempt_are_not_scored():
+    d = StragglerDetector(StragglerPolicy(warmup=3, window=2, consecutive=1))
+    first = [d.observe(1, StepTiming(s, 1.0, 0.9, 0.0, {}, {"compute": 0.1})) for s in range(1, 5)]
+    assert [len(f) for f in first] == [0, 0, 0, 0]  # steps 1-3 warm-up, step 4 fills the window
+    assert d.observe(1, StepTiming(5, 1.0, 0.9, 0.0, {}, {"compute": 0.1}))[0].event == "straggler"
+    d.reset()
+    assert d.observe(1, StepTiming(6, 1.0, 0.9, 0.0, {}, {"compute": 0.1})) == [] and d.scores() == []
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        None,
+        "x",
+        {},
+        {"step": 1},
+        {"step": "a", "wall": 1, "compute": 1, "sync_wait": 0},
+        {"step": 1, "wall": -1, "compute": 1, "sync_wait": 0},
+        {"step": 1, "wall": 1, "compute": 1, "sync_wait": 0, "peers": {"compute": "nan?"}},
+        {"step": 1, "wall": 1e300, "compute": 1, "sync_wait": 0},
+    ],
+)
+def test_a_timing_that_is_not_one_is_dropped(wire):
+    assert StepTiming.from_wire(wire) is None
+
+
+def test_a_timing_round_trips_and_unknown_phases_are_dropped():
+    t = StepTiming(3, 0.5, 0.3, 0.01, {"data": 0.05}, {"compute": 0.28})
+    assert StepTiming.from_wire(t.to_wire()) == t
+    assert t.wait == pytest.approx(0.15)
+    assert StepTiming.from_wire({**t.to_wire(), "phases": {"data": 0.05, "bogus": 1}}) == t
+
+
+@pytest.mark.parametrize("kw", [{"threshold": 0}, {"threshold": 1.2}, {"window": 0}, {"consecutive": 0}, {"warmup": -1}])
+def test_a_policy_that_cannot_work_is_refused(kw):
+    with pytest.raises(ValueError):
+        StragglerPolicy(**kw)
+
+
+def spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_timer_counts_cpu_work_as_compute_and_waiting_as_wait():
+    timer = StepTimer(rank=1, world_size=3)
+    assert timer.arrive(1) == []  # before the first step end: nothing to measure
+    timer.synced([])
+    spin(0.05)
+    time.sleep(0.1)  # blocked (a collective waiting for a peer): wall time, no compute
+    timer.enter("data")
+    spin(0.02)
+    timer.leave("data")
+    values = timer.arrive(2)
+    assert len(values) == 3 * 3 and values[:3] == [-1.0] * 3 and values[6:] == [-1.0] * 3  # only rank 1's slots
+    compute, data, ev = values[3:6]
+    assert 0.045 <= compute <= 0.09 and 0.015 <= data and ev == -1.0  # no eval this step
+    peers = [0.2, 0.01, -1.0, *values[3:6], 0.4, 0.03, 5.0]  # what the maximum over the ranks returns
+    timer.synced(peers)
+    t = timer.take()
+    assert t is not None and timer.take() is None  # one beat carries it
+    assert t.step == 2 and t.wall >= 0.17 and t.wait >= 0.09
+    assert t.peers["compute"] == pytest.approx(0.2) and t.peers["data"] == pytest.approx(0.01) and t.peers["eval"] == 5.0
+
+
+def test_the_timer_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("CKPT_STEP_TIMING", "0")
+    timer = StepTimer(0, 2)
+    timer.synced([])
+    assert timer.arrive(1) == []
+    timer.synced([])
+    assert timer.take() is None
