@@ -200,9 +200,10 @@ class Watchdog:
 
     def _finished(self, rc: int) -> int:
         stopped = self.reports.stopped_step
-        if stopped is None and self.reports.stopped_unasked is not None and self.round_over is None:
-            # another node's watchdog ended the round after a checkpoint before this one read its marker
-            self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id), ranks_gone=True)
+        if stopped is None and self.reports.stopped_unasked is not None:
+            # another node's watchdog ended the round after a checkpoint: its marker may be unread
+            if self.round_over is None:
+                self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id), ranks_gone=True)
             stopped = self.reports.stopped_unasked if self.leave_after_stop else None
         if stopped is not None and self.leave_after_stop:
             self.event("round_ended", suspects=self.round_over, step=stopped, note="checkpoint committed; leaving the node behind")

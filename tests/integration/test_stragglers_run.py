@@ -6,15 +6,18 @@ runs (a restart, slow checkpoints and a data stall, a requeue)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.supervise.events import read_events
 from ckpt_tool.supervise.health import node_name
 
 from .conftest import assert_identical_to_reference
@@ -22,6 +25,7 @@ from .conftest import assert_identical_to_reference
 pytestmark = pytest.mark.slow
 
 SLOW_FROM = 10
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def status_json(ckpt_dir) -> dict:
@@ -72,3 +76,45 @@ def test_an_idle_gpu_is_reported_and_an_xid_ends_the_round_after_a_checkpoint(su
     assert store.check_files(ended["step"]).ok
     health = json.loads((s.run_dir / "health.json").read_text())
     assert health["suspects"] == [node_name()] and "GPU 1 (rank 1): XID 79" in health["nodes"][0]["flagged"]
+
+
+def test_straggler_suspect_across_two_nodes_ends_the_round_on_both_after_one_checkpoint(tmp_path):
+    """Two `ckpt run` agents on this machine as nodes a and b of one round (1 rank each, c10d
+    rendezvous), --straggler-suspect, the rank of node b slowed: b's watchdog names it, ends the
+    round after a checkpoint, and a's watchdog, whose rank stopped for it, ends the round too."""
+    from ckpt_tool.cli.main import free_port
+    from ckpt_tool.recipes.launch import FAST_ARGS, recipe_args
+
+    ckpt, run_dir, port = tmp_path / "ckpt", tmp_path / "run", free_port()
+    procs = {}
+    for node in ("a", "b"):
+        args = recipe_args(ckpt, tmp_path / "metrics.jsonl", 400, 50, *FAST_ARGS)
+        argv = [sys.executable, "-m", "ckpt_tool.cli.main", "run", "--nproc-per-node=1", "--nnodes=2", f"--rdzv-endpoint=127.0.0.1:{port}"]
+        argv += ["--rdzv-id=two", "--run-dir", str(run_dir), "--straggler-suspect", "--", "-m", "tests.integration.slow_node", *args]
+        env = {
+            **os.environ,
+            "SLURMD_NODENAME": node,
+            "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_ID": "0",
+            "SLOW_NODE": "b",
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(tmp_path / f"{node}.log", "wb") as log:
+            procs[node] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT)
+    try:
+        codes = {n: p.wait(timeout=300) for n, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in procs}
+    assert codes == {"a": ExitCode.NODE_FAULT, "b": ExitCode.NODE_FAULT}, logs
+    events = read_events(run_dir)
+    [found] = [e for e in events if e["event"] == "straggler"]
+    assert found["node"] == "b" and found["suspect"] is True
+    ends = [e for e in events if e["event"] == "round_ended"]
+    assert sorted(e["node"] for e in ends) == ["a", "b"] and all(e["suspects"] == ["b"] for e in ends)
+    step = CheckpointStore(ckpt).read_latest()
+    assert step is not None and step % 50 != 0 and {e["step"] for e in ends} == {step}  # the stop's own checkpoint
+    health = json.loads((run_dir / "health.json").read_text())
+    assert health["suspects"] == ["b"]

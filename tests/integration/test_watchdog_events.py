@@ -86,3 +86,31 @@ def test_a_restart_caused_by_another_node_is_a_new_attempt_though_torchrun_keeps
     assert (exited["cause"], exited["node"], exited["round"], exited["attempt"]) == ("peer_failure", "n1", "j.0.0", 0)
     assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
     assert w.attempt == 1 and w.beats[0].step == 6  # the new ranks are watched
+
+
+def test_ranks_that_stopped_for_another_nodes_round_end_end_this_node_with_77_not_finished(tmp_path):
+    """Node b's watchdog ended the round after a checkpoint (a suspect node while training); the
+    stop reached this node's ranks through the job's step sync before this watchdog read b's
+    marker: the ranks exit 0, and this node must still end the round (77), not report "finished"."""
+    from ckpt_tool.errors import ExitCode
+    from ckpt_tool.supervise import health
+
+    cfg = RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1")
+    w = Watchdog(cfg, report=lambda line: None)
+    w._handle(beat(0, 14, "step"), 1.0)
+    w._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)  # not asked by this watchdog
+    health.end_round(tmp_path, "r1", ["b"], "b", checkpoint_first=True)
+    assert w._finished(0) == ExitCode.NODE_FAULT
+    [ended] = [e for e in read_events(tmp_path) if e["event"] == "round_ended"]
+    assert ended["suspects"] == ["b"] and ended["step"] == 14
+
+    late = Watchdog(RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1"), report=lambda line: None)
+    late._handle(beat(0, 14, "step"), 1.0)
+    late._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)
+    late._round_end(health.round_ended(tmp_path, "r1"))  # the marker read after the ranks stopped, before torchrun exited
+    assert late._finished(0) == ExitCode.NODE_FAULT
+
+    other = Watchdog(RunConfig(command=("x",), run_dir=tmp_path / "o", node="a", round_id="r2"), report=lambda line: None)
+    other._handle(beat(0, 14, "step"), 1.0)
+    other._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)  # a TERM's stop, no round end
+    assert other._finished(0) == ExitCode.OK
