@@ -40,6 +40,7 @@ SCRIPTS = (
     "tensor_parallel",
     "recovery_model",
     "local_tier",
+    "stragglers",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {
@@ -49,6 +50,7 @@ TIMEOUTS_S = {
     "node_fault": 1500,
     "tensor_parallel": 900,
     "local_tier": 900,
+    "stragglers": 1200,
 }  # several torchrun launches, failures and recoveries (~6 min)
 
 

@@ -100,7 +100,7 @@ def run(
         help="A module the spares import too (your heavy imports; repeatable). Imported before the rank's environment is set.",
     ),
     straggler_threshold: float = typer.Option(
-        0.7, "--straggler-threshold", help="A rank scoring below this (its peers' median time / its own, 0..1) is slow."
+        0.75, "--straggler-threshold", help="A rank scoring below this (its peers' median time / its own, 0..1) is slow."
     ),
     straggler_steps: int = typer.Option(5, "--straggler-steps", min=1, help="Steps in a row a rank stays slow before it is reported."),
     straggler_suspect: bool = typer.Option(
@@ -128,7 +128,7 @@ def run(
         stragglers = StragglerPolicy(threshold=straggler_threshold, consecutive=straggler_steps)
     except ValueError as exc:
         raise CkptError(
-            str(exc), "e.g. --straggler-threshold 0.7: a rank 1.43x slower than its peers' median is slow", ExitCode.USAGE
+            str(exc), "e.g. --straggler-threshold 0.75: a rank 1.33x slower than its peers' median is slow", ExitCode.USAGE
         ) from exc
     _check_importable(warm_import)
     if ckpt_dir is not None:

@@ -83,7 +83,7 @@ class StepTiming:
 
 @dataclass(frozen=True)
 class StragglerPolicy:
-    threshold: float = 0.7  # relative score below this is slow
+    threshold: float = 0.75  # relative score below this is slow: 1.33x the peers' median
     window: int = 5  # steps in a rolling median
     consecutive: int = 5  # steps in a row below the threshold before it is reported
     warmup: int = 3  # first steps of each attempt are not scored (allocation, compilation, resume)

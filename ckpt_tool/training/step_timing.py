@@ -18,6 +18,7 @@ spin-waits, not the device's work: there the GPU-side signal is NVML's utilisati
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -84,8 +85,14 @@ class StepTimer:
         self._phase_wall, self._phase_cpu = {}, 0.0
 
     def peers_median(self, reduced: list[float]) -> dict[str, float]:
-        """The median of the other ranks' values of each scored quantity (those that had it)."""
-        table = torch.tensor(reduced, dtype=torch.float64).view(self.world_size, len(SCORED))
+        """The median (the lower of two middle values) of the other ranks' values of each scored
+        quantity, over those that had it. Plain Python for a few ranks (~5 us), torch from 64
+        ranks on (4096 ranks: ~2 ms)."""
+        n = len(SCORED)
+        if self.world_size < 64:
+            columns = [[reduced[r * n + i] for r in range(self.world_size) if r != self.rank and reduced[r * n + i] >= 0] for i in range(n)]
+            return {q: statistics.median_low(c) for q, c in zip(SCORED, columns, strict=True) if c}
+        table = torch.tensor(reduced, dtype=torch.float64).view(self.world_size, n)
         table[table < 0] = float("nan")
         table[self.rank] = float("nan")
         medians = torch.nanmedian(table, dim=0).values.tolist()

@@ -156,3 +156,18 @@ def test_the_timer_can_be_turned_off(monkeypatch):
     assert timer.arrive(1) == []
     timer.synced([])
     assert timer.take() is None
+
+
+@pytest.mark.parametrize("world", [2, 5, 64, 300])
+def test_the_peers_median_is_the_same_whether_computed_in_python_or_torch(world):
+    rng = random.Random(world)
+    reduced = [rng.choice([-1.0, rng.uniform(0, 1)]) for _ in range(world * 3)]
+    reduced[0] = -1.0  # rank 0 had no compute this step: its peers still have theirs
+    timer = StepTimer(rank=1, world_size=world)
+    got = timer.peers_median(reduced)
+    for i, q in enumerate(("compute", "data", "eval")):
+        values = sorted(reduced[r * 3 + i] for r in range(world) if r != 1 and reduced[r * 3 + i] >= 0)
+        if values:
+            assert got[q] == values[(len(values) - 1) // 2]
+        else:
+            assert q not in got
