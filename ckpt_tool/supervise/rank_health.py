@@ -94,13 +94,21 @@ class RankHealth:
             self.reader.close()
 
 
+_NUMBERS = ("step", "wall_s", "compute_s", "wait_s", "score", "individual")
+
+
 def read_rank_health(run_dir: Path) -> list[dict[str, Any]]:
-    """Every node's last written standing (for ``ckpt status``), rows with their node."""
+    """Every node's last written standing (for ``ckpt status``), rows with their node. A file or
+    row that is not what a watchdog writes (hand-edited, truncated) is skipped."""
     rows = []
     for path in sorted(run_dir.glob(HEALTH_FILE.format(node="*"))):
         try:
             data = json.loads(path.read_text())
-            rows += [{"node": data["node"], "as_of": data["time"], **r} for r in data["ranks"] if isinstance(r, dict)]
+            node, as_of = str(data["node"]), float(data["time"])
+            ranks = list(data["ranks"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return sorted(rows, key=lambda r: r.get("rank", 0))
+        for r in ranks:
+            if isinstance(r, dict) and type(r.get("rank")) is int and all(isinstance(r.get(k), (int, float)) for k in _NUMBERS):
+                rows.append({**r, "node": node, "as_of": as_of})
+    return sorted(rows, key=lambda r: r["rank"])

@@ -73,3 +73,12 @@ def test_the_rank_health_view_reads_the_fake_gpus_scores_ranks_and_writes_its_fi
     view.close()
     [row] = read_rank_health(tmp_path)
     assert row["node"] == "n1" and row["rank"] == 11 and row["straggler"] and row["score"] == 0.333
+
+
+def test_status_skips_rank_health_files_that_a_watchdog_did_not_write(tmp_path):
+    (tmp_path / "rank_health.evil.json").write_text(json.dumps({"node": "x", "time": "yesterday", "ranks": [{"rank": 1}]}))
+    (tmp_path / "rank_health.bad.json").write_text("garbage")
+    row = {"rank": 3, "step": 9, "wall_s": 0.1, "compute_s": 0.05, "wait_s": 0.02, "score": 1.0, "individual": 1.0, "straggler": False}
+    mixed = [1, {"rank": "zero"}, {**row, "score": "high"}, row]
+    (tmp_path / "rank_health.n2.json").write_text(json.dumps({"node": "n2", "time": 5.0, "ranks": mixed}))
+    assert read_rank_health(tmp_path) == [{**row, "node": "n2", "as_of": 5.0}]
