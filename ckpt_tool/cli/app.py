@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from ckpt_tool import __version__
-from ckpt_tool.cli import changes, checkpoints, demo, jobs, nodes, plan, runs
+from ckpt_tool.cli import changes, checkpoints, contents, demo, jobs, nodes, plan, runs
 from ckpt_tool.cli.output import err
 from ckpt_tool.errors import CkptError
 
@@ -42,6 +42,7 @@ app.command("demo")(demo.demo)
 app.command("list")(checkpoints.list_checkpoints)
 app.command("validate")(checkpoints.validate)
 app.command("verify")(checkpoints.verify)
+app.command("export")(contents.export)
 app.command("rollback")(changes.rollback)
 app.command("prune")(changes.prune)
 app.command("reshard")(changes.reshard)
