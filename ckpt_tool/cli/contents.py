@@ -1,4 +1,5 @@
-"""``ckpt export / inspect``: what is inside a checkpoint, and out of it. Parse, call, print."""
+"""``ckpt export / inspect / du / quarantine``: what is inside a checkpoint directory, and out of it.
+Parse, call, print."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 import typer
 
 from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, open_checkpoints, resolve_step
-from ckpt_tool.cli.output import out, print_json, size
+from ckpt_tool.cli.output import Column, escape, out, print_json, print_table, size, when
+from ckpt_tool.errors import ExitCode
 
 
 def export(
@@ -44,3 +46,136 @@ def export(
     )
     if done.skipped:
         out.print(f"not exported: {len(done.skipped)} non-tensor entries (optimizer hyper-parameters, ...): see `ckpt inspect`")
+
+
+def inspect(
+    directory: Path = DirArg,
+    step: int | None = typer.Option(None, "--step", help="The step to inspect (default: LATEST)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Entries (key, shape, dtype, bytes, how they are split across ranks) and the run facts of a checkpoint."""
+    from ckpt_tool.ops.contents import inspect_step
+
+    store = open_checkpoints(directory)
+    report = inspect_step(store, resolve_step(store, step))
+    if as_json:
+        print_json(report)
+        return
+    m = report["manifest"]
+    out.print(
+        f"step {report['step']} of run {escape(m['run_id'])}, written {when(m['created_at'])} by {m['world_size']} ranks "
+        f"(mesh {escape(m['mesh_text'])}); {report['tensors']} tensors, {size(report['tensor_bytes'])} in {m['files']} files ({size(m['file_bytes'])})"
+    )
+    env = m["env"]
+    out.print(
+        f"torch {escape(str(env.get('torch', '-')))}, dtype {escape(str(env.get('dtype', '-')))}, threads {env.get('threads', '-')}; entry point {escape(str(m['entry_point'] or '-'))}"
+    )
+    print_table(
+        [Column("key"), Column("shape"), Column("dtype"), Column("bytes", justify="right", terminal=size, full=str), Column("placement")],
+        [
+            (
+                e["key"],
+                "x".join(map(str, e["shape"])) if e["shape"] is not None else "object",
+                e["dtype"] or "-",
+                e["bytes"],
+                e["placement"],
+            )
+            for e in report["entries"]
+        ],
+        title="entries (placement: how the saved chunks split each tensor)",
+    )
+
+
+def du(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
+    """Bytes per checkpoint, per quarantined checkpoint, saves in progress and the run directory."""
+    from ckpt_tool.ops.contents import disk_usage
+
+    rows = disk_usage(open_checkpoints(directory))
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[r["kind"]] = totals.get(r["kind"], 0) + r["bytes"]
+    if as_json:
+        print_json({"entries": rows, "totals": totals, "total": sum(totals.values())})
+        return
+    print_table(
+        [Column("name"), Column("kind"), Column("bytes", justify="right", terminal=size, full=str)],
+        [(r["name"], r["kind"], r["bytes"]) for r in rows],
+    )
+    out.print(
+        "  ".join(f"{k}: {size(v)}" for k, v in sorted(totals.items()))
+        + f"  (total {size(sum(totals.values()))}; node-local fast-tier copies are on the nodes: `ckpt list`)"
+    )
+
+
+quarantine_app = typer.Typer(help="Checkpoints moved aside as damaged or superseded: list, restore, purge.", no_args_is_help=True)
+
+
+@quarantine_app.command("list")
+def quarantine_list(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
+    """What quarantine/ holds: step, when it was moved, why, bytes."""
+    from ckpt_tool.ops.contents import quarantined
+
+    rows = quarantined(open_checkpoints(directory))
+    if as_json:
+        print_json({"quarantined": [r.to_json() for r in rows]})
+        return
+    if not rows:
+        out.print("quarantine is empty")
+        return
+    print_table(
+        [
+            Column("name"),
+            Column("step"),
+            Column("moved", terminal=when, full=when),
+            Column("bytes", justify="right", terminal=size, full=str),
+            Column("reason"),
+        ],
+        [(r.item.name, r.item.step, r.item.moved_ns / 1e9, r.bytes, r.reason or "-") for r in rows],
+    )
+
+
+@quarantine_app.command("restore")
+def quarantine_restore(
+    directory: Path = DirArg,
+    which: str = typer.Argument(
+        ..., help="The quarantined checkpoint: its name, or its step when only one of that step is there.", show_default=False
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing on disk."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Move a quarantined checkpoint back to its step directory and validate it there (LATEST is not moved)."""
+    from ckpt_tool.ops.contents import restore
+
+    row, result = restore(open_checkpoints(directory), which, dry_run)
+    valid = None if result is None else result.ok
+    step_dir = f"step_{row.item.step:08d}"
+    if as_json:
+        problems = [] if result is None else [str(p) for p in result.problems]
+        print_json({"restored": row.to_json(), "dry_run": dry_run, "valid": valid, "problems": problems})
+    elif result is None:
+        out.print(f"would restore {row.item.name} as {step_dir}")
+    else:
+        verdict = "valid" if result.ok else f"[red]damaged[/]: {escape('; '.join(str(p) for p in result.problems[:3]))}"
+        hint = f"`ckpt rollback {escape(str(directory))} --to {row.item.step}` makes it the newest"
+        out.print(f"restored {row.item.name} as {step_dir} ({verdict}); LATEST unchanged: {hint}")
+    if valid is False:
+        raise typer.Exit(ExitCode.FAILED)  # restored as asked, but what came back is damaged
+
+
+@quarantine_app.command("purge")
+def quarantine_purge(
+    directory: Path = DirArg,
+    older_than: float | None = typer.Option(None, "--older-than", min=0, help="Only those moved there more than this many days ago."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted; delete nothing."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Delete quarantined checkpoints for good (only when asked: nothing else ever deletes them)."""
+    from ckpt_tool.ops.contents import purge
+
+    gone = purge(open_checkpoints(directory), older_than, dry_run)
+    if as_json:
+        key = "would_delete" if dry_run else "deleted"
+        print_json({key: [r.to_json() for r in gone], "dry_run": dry_run, "bytes": sum(r.bytes for r in gone)})
+        return
+    names = ", ".join(r.item.name for r in gone) or "nothing"
+    out.print(f"{'would delete' if dry_run else 'deleted'} {names} ({size(sum(r.bytes for r in gone))})")

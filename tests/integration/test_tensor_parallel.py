@@ -179,3 +179,23 @@ def test_offline_reshard_between_meshes_copies_parameters_bit_for_bit(reference,
     uneven = ckpt_cli("reshard", reference / "ckpt", "--world-size", "3")  # tp 2 kept: 3 ranks cannot hold it
     assert uneven.returncode == 2 and "not a multiple of 2" in uneven.stderr and "nearest: 2 or 4" in uneven.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_inspect_and_export_of_a_tensor_parallel_x_fsdp_checkpoint(reference, tmp_path):
+    proc = ckpt_cli("inspect", reference / "ckpt", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["manifest"]["mesh_text"] == "dp_shard 2 x tp 2" and report["manifest"]["world_size"] == 4
+    placements = {e["key"]: e["placement"] for e in report["entries"]}
+    q = next(k for k in placements if k.startswith("model.") and ".attn.q.weight" in k)
+    assert placements[q] not in ("whole", "dim 0 / 2") and "dim 0" in placements[q]  # split by both tp and fsdp
+    pytest.importorskip("safetensors.torch")
+    from safetensors.torch import load_file
+
+    out = tmp_path / "tp.safetensors"
+    proc = ckpt_cli("export", reference / "ckpt", "--model-only", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    src = full_state(reference / "ckpt" / "step_00000012")
+    got = load_file(out)
+    assert got.keys() == {k for k, v in src["model"].items() if isinstance(v, torch.Tensor)}
+    assert all(torch.equal(got[k], src["model"][k]) for k in got)
