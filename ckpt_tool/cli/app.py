@@ -49,6 +49,7 @@ app.add_typer(contents.quarantine_app, name="quarantine")
 app.command("rollback")(changes.rollback)
 app.command("prune")(changes.prune)
 app.command("reshard")(changes.reshard)
+app.command("adopt")(changes.adopt)
 # Commands whose trailing words are the training command: ckpt's options end at its first word.
 PASSTHROUGH = {"run": jobs.run, "submit": jobs.submit}
 for _name, _fn in PASSTHROUGH.items():

@@ -230,3 +230,24 @@ def reshard(
         out.print("recorded in the manifest's lineage: resume the job at the new size")
     else:
         out.print("nothing written; resuming at the new size applies this plan automatically (--in-place records it)")
+
+
+# --------------------------------------------------------------------------- adopt
+def adopt(
+    source: Path = typer.Argument(..., help="The weights: a dcp.save directory, a .safetensors or a torch .pt file.", show_default=False),
+    directory: Path = typer.Argument(..., help="A new (or empty) checkpoint directory for the run to start from.", show_default=False),
+    step: int = typer.Option(0, "--step", min=0, max=layout.MAX_STEP, help="The step the run continues after."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Make pretrained weights the first checkpoint of a run: the run's resume() loads them as initial weights."""
+    from ckpt_tool.ops.adopt import adopt as do_adopt
+
+    manifest = do_adopt(source, directory, step)
+    origin = manifest.lineage[-1]
+    if as_json:
+        print_json({"directory": str(directory), "step": step, "run_id": manifest.run_id, **{k: origin[k] for k in ("format", "tensors")}})
+        return
+    out.print(
+        f"adopted {origin['tensors']} tensors ({origin['format']}) from {escape(str(source))} as step {step} of {escape(str(directory))}; "
+        f"a run with --ckpt-dir {escape(str(directory))} starts from them (fresh optimizer, its own seeds and batch)"
+    )

@@ -38,6 +38,9 @@ def check_file_name(name: object) -> str:
     return name
 
 
+ADOPTED = "adopted"  # the lineage event of weights adopted from outside (`ckpt adopt`)
+
+
 @dataclass(frozen=True)
 class FileEntry:
     path: str
@@ -81,6 +84,11 @@ class Manifest:
     def layout(self) -> Mesh:
         """The mesh that wrote this checkpoint (a 1-D FSDP mesh when none is recorded)."""
         return self.mesh if self.mesh is not None else Mesh.data_parallel(self.world_size)
+
+    @property
+    def adopted(self) -> bool:
+        """Weights adopted from outside (``ckpt adopt``): a model only, loaded as initial weights."""
+        return any(entry.get("event") == ADOPTED for entry in self.lineage)
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -85,7 +85,7 @@ class InspectionMixin:
         if kind is layout.DirectoryKind.PLAIN_DCP:
             raise CkptError(
                 f"{self.root} is a plain DCP checkpoint (torch.distributed.checkpoint), not a ckpt-tool checkpoint directory",
-                f"torch's dcp.load reads it as it is; {expects}",
+                f"to start a run from its weights: `ckpt adopt {self.root} NEW_DIR`; torch's dcp.load reads it as it is; {expects}",
                 ExitCode.USAGE,
             )
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")

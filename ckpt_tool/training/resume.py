@@ -138,8 +138,9 @@ class Resumption:
         Returns the problems that make this checkpoint unusable (the same on every rank)."""
         path = self.store.step_path(step)
         manifest = self.store.read_manifest(step)
-        plan = self._plan_reshard(manifest) if manifest.layout.dims != self.mesh.dims else None
-        for why in trajectory_differences(manifest.env, self.env()):
+        # adopted weights (`ckpt adopt`) are initial weights: any mesh, this run's batch and seeds
+        plan = self._plan_reshard(manifest) if manifest.layout.dims != self.mesh.dims and not manifest.adopted else None
+        for why in [] if manifest.adopted else trajectory_differences(manifest.env, self.env()):
             log.warning("ckpt: resume from step %d will not be bit-identical: %s", step, why)
         model, optimizer = self.state.model, self.state.optimizer
         if not optimizer.state:
@@ -152,13 +153,17 @@ class Resumption:
             if problems:
                 return None, problems
             live.set_loaded()
-        extra = self.state.restore(rank_state)
+        extra = {} if manifest.adopted else self.state.restore(rank_state)
         if plan is not None and self.comm.is_coordinator:
             self.store.append_event(
                 "reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json()
             )  # the plan's JSON holds both meshes
         log.info("ckpt: resumed from %s (step %d)", path, step)
-        batch = plan.new if plan is not None else self._batch_same_size(manifest)
+        if manifest.adopted:
+            log.info("ckpt: started from the weights adopted in %s (step %d): fresh optimizer", path, step)
+            batch = self.requested.resolve(self.mesh.dp_size) if self.requested is not None else None
+        else:
+            batch = plan.new if plan is not None else self._batch_same_size(manifest)
         return Resumed(step, manifest.run_id, batch, plan, extra), []
 
     def _load_into(self, live: LiveState, manifest: Manifest) -> tuple[dict[str, Any], list[str]]:
@@ -172,7 +177,7 @@ class Resumption:
         mismatch: CkptError | None = None
         rank_state: dict[str, Any] = {}
         try:
-            dcp_state = {"model": live.model_sd, "optim": live.optim_sd}
+            dcp_state = {"model": live.model_sd} if manifest.adopted else {"model": live.model_sd, "optim": live.optim_sd}
             unused = load_state(
                 dcp_state,
                 path,
@@ -190,7 +195,8 @@ class Resumption:
                     step,
                     ", ".join(not_loaded[:5]) + (", ..." if len(not_loaded) > 5 else ""),
                 )
-            rank_state = read_rank_state(path, verify_fs, self.comm.rank, self.mesh, manifest.layout)
+            if not manifest.adopted:  # adopted weights carry no training state
+                rank_state = read_rank_state(path, verify_fs, self.comm.rank, self.mesh, manifest.layout)
         except CkptError as exc:
             if exc.exit_code != ExitCode.FAILED:  # not damage: does not fit the run, not readable by this user
                 mismatch = exc
