@@ -175,9 +175,13 @@ def _details(e: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ("time
 
 def history(
     target: Path = typer.Argument(..., help="A checkpoint directory or a run directory.", show_default=False),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the story as a PNG here: the loss by step, every event marked."),
+    metrics: Path | None = typer.Option(
+        None, "--metrics", help="With --plot: the training's JSON-lines metrics (step, loss) for the curve."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
-    """The run's timeline: saves, failures, restarts, requeues and rollbacks."""
+    """The run's timeline: saves, failures, restarts, requeues and rollbacks (and a picture of it: --plot)."""
     from ckpt_tool.store.store import CheckpointStore
     from ckpt_tool.supervise.events import load_events
 
@@ -192,8 +196,17 @@ def history(
     if not timeline:
         raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of the run (or its run/ directory)", ExitCode.NOT_FOUND)
     timeline.sort(key=lambda e: e["time"])
+    if metrics is not None and plot is None:
+        raise CkptError("--metrics draws the loss curve of --plot", "add --plot PATH.png", ExitCode.USAGE)
+    if plot is not None:
+        from ckpt_tool.core.story import story
+        from ckpt_tool.ops.plot import draw, read_metrics
+
+        told = story(timeline, read_metrics(metrics) if metrics is not None else None)
+        draw(told, plot, f"{target}: {len(told.marks)} marked events; loss: {told.loss_source}")
+        notes.append(f"picture written to {plot}")
     if as_json:
-        print_json({"events": timeline, "notes": notes})
+        print_json({"events": timeline, "notes": notes, **({"plot": str(plot)} if plot is not None else {})})
         return
     styles = {
         "hang": "red",

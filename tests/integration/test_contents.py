@@ -88,3 +88,16 @@ def test_quarantine_restore_round_trip_and_purge_only_on_request(ckpt, capsys):
     code, gone, _ = cli_json(capsys, "quarantine", "purge", ckpt)
     assert code == 0 and len(gone["deleted"]) == 2 and list(store.quarantine_root.iterdir()) == []
     assert store.events()[-1].event == "quarantine_purged"
+
+
+def test_history_plot_of_a_checkpoint_directory_and_its_bad_requests(ckpt, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    code, _, err = cli(capsys, "history", ckpt, "--metrics", tmp_path / "m.jsonl")
+    assert code == 2 and "--plot" in err
+    code, _, err = cli(capsys, "history", ckpt, "--plot", tmp_path / "no" / "p.png")
+    assert code == 2 and "is not a directory" in err
+    (tmp_path / "m.jsonl").write_text("not json\n")
+    code, _, err = cli(capsys, "history", ckpt, "--plot", tmp_path / "p.png", "--metrics", tmp_path / "m.jsonl")
+    assert code == 2 and "no JSON lines with a step and a loss" in err and not (tmp_path / "p.png").exists()
+    code, _, err = cli(capsys, "history", ckpt, "--plot", tmp_path / "p.png")  # the probe loss at each commit
+    assert code == 0 and "picture written to" in err and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

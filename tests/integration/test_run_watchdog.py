@@ -39,6 +39,28 @@ def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, superv
     assert any(e["event"] == "restarted" for e in events)
     assert_identical_to_reference(reference_run, s)
     assert_no_straggler(s)
+    # the story as a picture: the loss by step with the failure marked where it happened
+    pytest.importorskip("matplotlib")
+    drawn = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_tool.cli.main",
+            "history",
+            str(s.run_dir),
+            "--plot",
+            str(s.root / "story.png"),
+            "--metrics",
+            str(s.metrics),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    assert json.loads(drawn.stdout)["plot"] == str(s.root / "story.png")
+    assert (s.root / "story.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, supervised):

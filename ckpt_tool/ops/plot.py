@@ -1,0 +1,83 @@
+"""``ckpt history --plot``: the run's story as a PNG (matplotlib, the optional ``plot`` extra): the
+loss by step, with every checkpoint, failure, requeue, rollback, shrink and straggler marked."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ckpt_tool.core.story import KINDS, Story
+from ckpt_tool.errors import CkptError, ExitCode
+
+COLORS = {
+    "checkpoint": "#2ca02c",
+    "failure": "#d62728",
+    "requeue": "#ff7f0e",
+    "rollback": "#9467bd",
+    "shrink": "#8c564b",
+    "straggler": "#bcbd22",
+}
+
+
+def read_metrics(path: Path) -> list[tuple[int, float]]:
+    """(step, loss) of each JSON line with both; other lines are skipped. The last line of a
+    step wins (a step re-run after a resume)."""
+    found: dict[int, float] = {}
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        raise CkptError(f"cannot read {path}: {exc.strerror or exc}", "give the metrics file the training writes", ExitCode.USAGE) from None
+    for line in lines:
+        try:
+            row = json.loads(line)
+            step, loss = row["step"], row["loss"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(step, int) and isinstance(loss, (int, float)):
+            found[step] = float(loss)
+    if not found:
+        raise CkptError(f"{path} has no JSON lines with a step and a loss", 'one line per step: {"step": 1, "loss": 2.3}', ExitCode.USAGE)
+    return sorted(found.items())
+
+
+def draw(story: Story, out: Path, title: str) -> None:
+    """Write the picture to ``out`` (beside it first, then renamed in)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CkptError("drawing the picture needs matplotlib", "pip install 'ckpt-tool[plot]'", ExitCode.USAGE) from None
+    if not out.parent.is_dir():
+        raise CkptError(f"{out.parent} is not a directory", "create it first, or give another path", ExitCode.USAGE)
+    fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
+    if story.loss:
+        steps, losses = zip(*story.loss, strict=True)
+        ax.plot(steps, losses, color="#1f77b4", lw=1.3, marker="o" if len(steps) < 40 else None, ms=3, label=f"loss ({story.loss_source})")
+    shown: set[str] = set()
+    for m in story.marks:
+        label = m.kind if m.kind not in shown else None
+        shown.add(m.kind)
+        if m.kind == "checkpoint":
+            ax.axvline(m.step, color=COLORS[m.kind], lw=0.6, alpha=0.35, label=label)
+            continue
+        ax.axvline(m.step, color=COLORS[m.kind], lw=1.6, ls="--", label=label)
+        ax.annotate(
+            m.label, (m.step, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7, color=COLORS[m.kind]
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title, fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: (labels[i] not in KINDS, KINDS.index(labels[i]) if labels[i] in KINDS else 0))
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper right", fontsize=8)
+    fig.tight_layout()
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}.png")
+    try:
+        fig.savefig(partial, format="png")
+        os.replace(partial, out)
+    finally:
+        plt.close(fig)
+        partial.unlink(missing_ok=True)
