@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint bench bench-long slurm-up slurm-down clean
+.PHONY: demo test tour test-fast lint bench bench-long slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 	@bash .ci/fuse-up-if-possible
 	@bash .ci/slurm-up-if-possible
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make tour: the whole chain on the local SLURM cluster (3 nodes) in a few minutes, narrated; ends with a picture.
+tour: $(STAMP)
+	@bash .ci/slurm-up-if-possible
+	$(PY) -m ckpt_tool.recipes.tour --work tour-out
 
 ## make test-fast: only the tests that need no torchrun (seconds).
 test-fast: $(STAMP)

@@ -19,8 +19,7 @@ MARKS: Mapping[str, tuple[str, str]] = {
     "commit": ("checkpoint", "checkpoint"),
     "rank_exited": ("failure", "rank {rank} failed"),
     "hang": ("failure", "hang: rank {rank}"),
-    "stopped_for_requeue": ("requeue", "stopped for requeue"),
-    "requeue": ("requeue", "requeued"),
+    "requeue": ("requeue", "requeued"),  # the batch script's, once (each node's ckpt run logs its own stop)
     "rollback": ("rollback", "rolled back to {step}"),
     "quarantine": ("rollback", "step {step} quarantined"),
     "nodes_left_behind": ("shrink", "left {drop} behind"),
@@ -68,7 +67,8 @@ def story(timeline: Sequence[Mapping[str, Any]], metrics: Sequence[tuple[int, fl
         name, when = e.get("event"), e.get("time")
         if name not in MARKS or not isinstance(when, (int, float)):
             continue
-        step = e.get("step") if isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool) else None
+        at = e.get("checkpoint") if name == "nodes_left_behind" else e.get("step")  # a shrink resumes from its checkpoint
+        step = at if isinstance(at, int) and not isinstance(at, bool) else None
         if name == "commit" and step is not None:
             commits.append((float(when), step))
             if isinstance(e.get("probe_loss"), (int, float)):

@@ -57,6 +57,7 @@ def draw(story: Story, out: Path, title: str) -> None:
         steps, losses = zip(*story.loss, strict=True)
         ax.plot(steps, losses, color="#1f77b4", lw=1.3, marker="o" if len(steps) < 40 else None, ms=3, label=f"loss ({story.loss_source})")
     shown: set[str] = set()
+    stacked: dict[int, int] = {}  # labels already at a step: the next one goes lower
     for m in story.marks:
         label = m.kind if m.kind not in shown else None
         shown.add(m.kind)
@@ -64,8 +65,11 @@ def draw(story: Story, out: Path, title: str) -> None:
             ax.axvline(m.step, color=COLORS[m.kind], lw=0.6, alpha=0.35, label=label)
             continue
         ax.axvline(m.step, color=COLORS[m.kind], lw=1.6, ls="--", label=label)
+        level = stacked.get(m.step, 0)
+        stacked[m.step] = level + 1
+        y = 1.0 - 0.3 * (level % 3)
         ax.annotate(
-            m.label, (m.step, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7, color=COLORS[m.kind]
+            m.label, (m.step, y), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7, color=COLORS[m.kind]
         )
     ax.set_xlabel("step")
     ax.set_ylabel("loss")

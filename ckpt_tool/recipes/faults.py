@@ -33,8 +33,8 @@ def next_faulty_node(args: argparse.Namespace) -> str | None:
     """``--fail-on-node A,B,...``: the node whose ranks fail in this attempt. One name: a lasting
     fault of that node, at every start; several: a fault that moves, once on each, in order."""
     names = [n for n in (args.fail_on_node or "").split(",") if n]
-    if not names:
-        return None
+    if not names or int(os.environ.get("SLURM_RESTART_COUNT", "0")) < args.fail_from_restart:
+        return None  # no fault, or not yet (--fail-from-restart: a node that goes bad later)
     try:
         done = len((args.ckpt_dir / NODE_FAULTS).read_text().splitlines())
     except FileNotFoundError:

@@ -114,6 +114,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "A,B,C: one fault on each, in order (a fault that moves)",
     )
     p.add_argument("--fail-after-steps", type=int, default=2, help="with --fail-on-node: steps into each start before the fault")
+    p.add_argument(
+        "--fail-from-restart",
+        type=int,
+        default=0,
+        help="with --fail-on-node: the fault begins at this SLURM requeue count (SLURM_RESTART_COUNT)",
+    )
     p.add_argument("--bug-at-step", type=int, help="fault injection: every rank raises at this step, every time (a bug in the code)")
     p.add_argument("--data-stall-at-step", type=int, help="test hook: the data loader stalls at this step, once")
     p.add_argument("--data-stall-s", type=float, default=20.0)
