@@ -1,7 +1,9 @@
-"""The `supervised` fixture: the reference recipe under `ckpt run` (2 ranks), cleaned up after."""
+"""Fixtures of the integration tests: `supervised` (the reference recipe under `ckpt run`, 2 ranks,
+cleaned up after) and `ckpt` (a copy of the recipe's checkpoints, steps 5..20, to change)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import psutil
@@ -10,6 +12,13 @@ import pytest
 from ckpt_tool.recipes.launch import RecipeJob, compare_runs, read_metrics
 
 from ..conftest import SAVE_EVERY, STEPS
+
+
+@pytest.fixture
+def ckpt(recipe_checkpoints, tmp_path) -> Path:
+    dest = tmp_path / "ckpt"
+    shutil.copytree(recipe_checkpoints, dest)
+    return dest
 
 
 class Supervised(RecipeJob):

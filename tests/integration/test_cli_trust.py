@@ -26,13 +26,6 @@ from ..as_nobody import as_nobody, cli_as_nobody
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-@pytest.fixture
-def ckpt(recipe_checkpoints, tmp_path) -> Path:
-    dest = tmp_path / "ckpt"
-    shutil.copytree(recipe_checkpoints, dest)
-    return dest
-
-
 def cli(capsys, *args) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as exit_info:
         main([str(a) for a in args])

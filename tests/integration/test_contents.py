@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -14,13 +13,6 @@ from ckpt_tool.store.store import CheckpointStore
 from .test_cli_trust import cli, cli_json, flip_bit, snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
-
-
-@pytest.fixture
-def ckpt(recipe_checkpoints, tmp_path) -> Path:
-    dest = tmp_path / "ckpt"
-    shutil.copytree(recipe_checkpoints, dest)
-    return dest
 
 
 def test_inspect_names_every_entry_with_its_shape_bytes_and_split(ckpt, capsys):

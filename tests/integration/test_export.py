@@ -26,13 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="the test extra installs safetensors")
 
 
-@pytest.fixture
-def ckpt(recipe_checkpoints, tmp_path) -> Path:
-    dest = tmp_path / "ckpt"
-    shutil.copytree(recipe_checkpoints, dest)
-    return dest
-
-
 def flat(tree: dict, prefix: str = "") -> dict[str, object]:
     out = {}
     for k, v in tree.items():
