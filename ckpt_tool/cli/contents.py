@@ -45,7 +45,9 @@ def export(
         f"exported {done.tensors} tensors ({size(done.bytes)}) of step {done.step} to {done.path} ({done.format}); every file hash-checked first"
     )
     if done.skipped:
-        out.print(f"not exported: {len(done.skipped)} non-tensor entries (optimizer hyper-parameters, ...): see `ckpt inspect`")
+        out.print(
+            f"not exported: {len(done.skipped)} entries that are no weights (optimizer hyper-parameters, the probe batch...): see `ckpt inspect`"
+        )
 
 
 def inspect(

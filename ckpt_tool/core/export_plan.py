@@ -5,7 +5,8 @@ A checkpoint's DCP keys are the manager's: ``model.<fqn>`` for the model (its ``
 names: DCP's state-dict API already strips DDP's ``module.`` and torch.compile's ``_orig_mod.``),
 ``optim.state.<fqn>.<name>`` for optimizer tensors. The export names model tensors as the model
 names them (``<fqn>``), so ``model.load_state_dict(load_file(out))`` works; optimizer tensors keep
-their key. Non-tensor entries (optimizer hyper-parameters) are not exported: they are no weights.
+their key. Nothing else is exported: non-tensor entries (optimizer hyper-parameters) and the probe
+batch (``probe.*``, what ``ckpt verify`` measures) are no weights.
 
 Tensors are read a batch at a time: each batch holds at most ``budget`` bytes (the largest
 tensor, at least), so the export's memory is bounded by the largest tensor, not the model.
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MODEL_PREFIX = "model."
+OPTIMIZER_PREFIX = "optim."
 
 # torch dtype name -> safetensors dtype (https://huggingface.co/docs/safetensors: the format's table)
 SAFETENSORS_DTYPES = {
@@ -66,7 +68,7 @@ def export_entries(tensors: Sequence[TensorEntry], model_only: bool) -> list[Exp
     for t in tensors:
         if t.key.startswith(MODEL_PREFIX):
             out.append(ExportEntry(t.key[len(MODEL_PREFIX) :], t))
-        elif not model_only:
+        elif not model_only and t.key.startswith(OPTIMIZER_PREFIX):
             out.append(ExportEntry(t.key, t))
     names = [e.name for e in out]
     clash = sorted({n for n in names if names.count(n) > 1})

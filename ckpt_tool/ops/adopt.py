@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_entries, staged_entries
 from ckpt_tool.training.hashing_fs import hashing_writer
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
+
+OPTIMIZER_PREFIXES = ("optim.", "optimizer.")  # an export's or a training script's optimizer entries
 
 
 def read_weights(source: Path) -> tuple[dict[str, torch.Tensor], str]:
@@ -60,8 +63,9 @@ def read_weights(source: Path) -> tuple[dict[str, torch.Tensor], str]:
                 f"{source} holds a {type(loaded).__name__}, not a state_dict", "torch.save(model.state_dict(), path)", ExitCode.USAGE
             )
         tensors, fmt = {str(k): v for k, v in loaded.items() if isinstance(v, torch.Tensor)}, "torch"
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(OPTIMIZER_PREFIXES)}  # weights, not a training state
     if not tensors:
-        raise CkptError(f"{source} holds no tensors", "give the weights of a model", ExitCode.USAGE)
+        raise CkptError(f"{source} holds no model tensors", "give the weights of a model", ExitCode.USAGE)
     if all(k.startswith("model.") for k in tensors):
         tensors = {k[len("model.") :]: v for k, v in tensors.items()}
     return tensors, fmt
@@ -81,7 +85,7 @@ def _read_dcp(source: Path) -> dict[str, torch.Tensor]:
         ) from None
     state: dict[str, Any] = {}
     for key, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata) and not key.startswith(("optim.", "optimizer.")):
+        if isinstance(md, TensorStorageMetadata) and not key.startswith(OPTIMIZER_PREFIXES):
             state[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
     load_state(state, source, no_dist=True)
     return state
@@ -98,7 +102,8 @@ def adopt(source: Path, directory: Path, step: int = 0) -> Manifest:
     run_id = uuid.uuid4().hex[:16]
     writer, fs = hashing_writer(store.begin_staging(step), run_id, step, 4)
     try:
-        with fs.writers_settled():
+        with fs.writers_settled(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: yes
             dcp.save({"model": tensors}, storage_writer=writer, no_dist=True)
         entries = staged_entries(store, step, run_id, fs, 0, b"{}")
         origin = {"event": ADOPTED, "time": time.time(), "source": str(source.absolute()), "format": fmt, "tensors": len(tensors)}

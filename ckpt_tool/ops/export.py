@@ -47,7 +47,7 @@ class Exported:
     format: str
     tensors: int
     bytes: int
-    skipped: tuple[str, ...]  # non-tensor entries (not weights)
+    skipped: tuple[str, ...]  # what is no weights: non-tensor entries, the probe batch (and the optimizer's with --model-only)
 
 
 def tensor_table(store: CheckpointStore, step: int) -> tuple[list[TensorEntry], list[str]]:
@@ -131,7 +131,9 @@ def export_checkpoint(store: CheckpointStore, step: int, fmt: str, out: Path, mo
         partial.unlink(missing_ok=True)
         raise
     _reopen(out, fmt)
-    return Exported(out, step, fmt, len(entries), sum(e.tensor.nbytes for e in entries), tuple(others))
+    exported = {e.tensor.key for e in entries}
+    skipped = tuple(others) + tuple(t.key for t in tensors if t.key not in exported)
+    return Exported(out, step, fmt, len(entries), sum(e.tensor.nbytes for e in entries), skipped)
 
 
 Source = Callable[[], Iterator[tuple[ExportEntry, memoryview]]]

@@ -20,7 +20,7 @@ from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.manager import CheckpointManager
 
-from .test_cli_trust import cli
+from .test_cli_trust import cli, cli_json
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -115,8 +115,10 @@ def test_the_recipe_on_two_ranks_starts_from_an_adopted_export(recipe_checkpoint
 
     ckpt = tmp_path / "src"
     shutil.copytree(recipe_checkpoints, ckpt)
-    assert cli(capsys, "export", ckpt, "--model-only", "--out", tmp_path / "w.safetensors")[0] == 0
-    assert cli(capsys, "adopt", tmp_path / "w.safetensors", tmp_path / "ckpt")[0] == 0
+    assert cli(capsys, "export", ckpt, "--out", tmp_path / "w.safetensors")[0] == 0  # with the optimizer's tensors
+    code, adopted, _ = cli_json(capsys, "adopt", tmp_path / "w.safetensors", tmp_path / "ckpt")
+    code, inspected, _ = cli_json(capsys, "inspect", ckpt)
+    assert adopted["tensors"] == sum(e["key"].startswith("model.") and e["kind"] == "tensor" for e in inspected["entries"])  # weights only
     args = recipe_args(tmp_path / "ckpt", tmp_path / "m.jsonl", 3, 3, *FAST_ARGS)
     assert run(torchrun_command(2, args), tmp_path / "log.txt") == 0, (tmp_path / "log.txt").read_text()[-3000:]
     lines = read_metrics(tmp_path / "m.jsonl")

@@ -32,7 +32,7 @@ def t(key: str, shape: tuple[int, ...], dtype: str = "float32", itemsize: int = 
 
 
 def test_export_names_model_tensors_as_the_model_does_and_keeps_optimizer_keys():
-    table = [t("model.w", (2, 3)), t("optim.state.w.exp_avg", (2, 3)), t("model.b", (3,))]
+    table = [t("model.w", (2, 3)), t("optim.state.w.exp_avg", (2, 3)), t("model.b", (3,)), t("probe.inputs", (4, 8), "int64", 8)]
     assert [e.name for e in export_entries(table, model_only=False)] == ["w", "optim.state.w.exp_avg", "b"]
     assert [e.name for e in export_entries(table, model_only=True)] == ["w", "b"]
     clash = [t("model.optim.state.w.exp_avg", (1,)), t("optim.state.w.exp_avg", (1,))]
