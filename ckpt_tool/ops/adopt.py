@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_entries, staged_entries
 from ckpt_tool.training.hashing_fs import hashing_writer
-from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
+from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state, single_process_quietly
 
 OPTIMIZER_PREFIXES = ("optim.", "optimizer.")  # an export's or a training script's optimizer entries
 
@@ -102,8 +101,7 @@ def adopt(source: Path, directory: Path, step: int = 0) -> Manifest:
     run_id = uuid.uuid4().hex[:16]
     writer, fs = hashing_writer(store.begin_staging(step), run_id, step, 4)
     try:
-        with fs.writers_settled(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: yes
+        with fs.writers_settled(), single_process_quietly():
             dcp.save({"model": tensors}, storage_writer=writer, no_dist=True)
         entries = staged_entries(store, step, run_id, fs, 0, b"{}")
         origin = {"event": ADOPTED, "time": time.time(), "source": str(source.absolute()), "format": fmt, "tensors": len(tensors)}

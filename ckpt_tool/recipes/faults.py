@@ -12,6 +12,7 @@ import argparse
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ckpt_tool.supervise.health import node_name
@@ -68,3 +69,21 @@ def slow_compute(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
+
+
+def before_commit_hook(args: argparse.Namespace, rank: int) -> Callable[[int], None] | None:
+    """Test hooks between writing a save's files and committing it (the save thread when async):
+    ``--save-delay`` seconds (at every save, or at the ``--save-delay-at`` steps), and
+    ``--crash-in-save-at STEP``: rank 0 dies of SIGKILL there, once (a crash mid-save)."""
+    delay, delay_at = getattr(args, "save_delay", 0.0), getattr(args, "save_delay_at", [])
+    crash_at = getattr(args, "crash_in_save_at", None)
+    if not delay and crash_at is None:
+        return None
+
+    def hook(step: int) -> None:
+        if delay and (not delay_at or step in delay_at):
+            time.sleep(delay)
+        if rank == 0 and step == crash_at:
+            crash_now(args.ckpt_dir, step)
+
+    return hook

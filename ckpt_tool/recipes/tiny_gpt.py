@@ -20,8 +20,6 @@ import math
 import os
 import random
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,7 +32,7 @@ from ckpt_tool.core.batch import BatchRequest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.recipes.data import Corpus, GlobalSampler, micro_batch_indices, probe_batch
-from ckpt_tool.recipes.faults import crash_now, next_faulty_node, node_fault, slow_compute, stall_once
+from ckpt_tool.recipes.faults import before_commit_hook, crash_now, next_faulty_node, node_fault, slow_compute, stall_once
 from ckpt_tool.recipes.gpt_model import GPTConfig, TinyGPT, lm_loss, shard_model
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.distributed import init_distributed
@@ -138,6 +136,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-every", type=int)
     p.add_argument("--save-delay", type=float, default=0.0, help="test hook: seconds of extra delay between writing and committing a save")
     p.add_argument(
+        "--crash-in-save-at", type=int, help="rank 0 dies with SIGKILL inside this step's save, its files written but not committed, once"
+    )
+    p.add_argument(
         "--save-delay-at", type=int, action="append", default=[], help="with --save-delay: delay only the saves of these steps (repeatable)"
     )
     return p.parse_args(argv)
@@ -156,18 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     finally:
         dist.destroy_process_group()
-
-
-def save_delay_hook(args: argparse.Namespace) -> Callable[[int], None] | None:
-    """Test hook: --save-delay seconds before the commit of every save, or of the --save-delay-at steps."""
-    if not args.save_delay:
-        return None
-
-    def delay(step: int) -> None:
-        if not args.save_delay_at or step in args.save_delay_at:
-            time.sleep(args.save_delay)
-
-    return delay
 
 
 def train(args: argparse.Namespace, rank: int, world: int) -> int:
@@ -208,7 +197,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
         batch=requested,
         mesh=dm,
         must_divide={"tp": c.tp_limits()},
-        before_commit=save_delay_hook(args),
+        before_commit=before_commit_hook(args, rank),
     )
     start = manager.resume() or 0
     batch = manager.batch  # after a resume at another world size: the reshard plan (same global batch)

@@ -50,7 +50,7 @@ from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
 from ckpt_tool.training.probe import ProbeSpec, measure, verify_model
 from ckpt_tool.training.rank_state import TrainingState
-from ckpt_tool.training.safe_dcp import load_state
+from ckpt_tool.training.safe_dcp import load_state, single_process_quietly
 from ckpt_tool.training.shard_views import local_views, tensor_bytes, write_back
 from ckpt_tool.training.torch_state import live_state
 
@@ -216,7 +216,7 @@ class LocalTier:
     ) -> None:
         with directory_replaced(final) as partial:
             writer, fs = hashing_writer(partial, run_id, step, self.config.io_threads)
-            with fs.writers_settled():
+            with fs.writers_settled(), single_process_quietly():
                 dcp.save(staged, storage_writer=writer, no_dist=True)
             entries = written_entries(
                 partial, step, run_id, fs, self.comm.rank, rank_json, lambda name: not name.startswith(".") or name == ".metadata"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 import pickle
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+@contextmanager
+def single_process_quietly() -> Iterator[None]:
+    """DCP without torch.distributed warns "assuming the intent is to ... in a single process" at
+    every call: yes, that is the intent (one process, a fast-tier copy, an adoption)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def dcp_failures(exc: CheckpointException) -> list[BaseException]:
     """The exceptions of each rank inside DCP's CheckpointException (DCP wraps them)."""
     out = []
@@ -166,8 +177,7 @@ def load_state(
     else:
         reader = SafeFileSystemReader(path)
     try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with single_process_quietly():
             planner = SafeLoadPlanner()
             dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:

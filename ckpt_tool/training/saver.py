@@ -35,8 +35,8 @@ from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
 from ckpt_tool.training.heartbeat import Heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.rank_state import TrainingState
-from ckpt_tool.training.safe_dcp import dcp_failures
-from ckpt_tool.training.torch_state import live_state
+from ckpt_tool.training.safe_dcp import dcp_failures, single_process_quietly
+from ckpt_tool.training.torch_state import align_replicated_buffers, live_state
 
 log = logging.getLogger("ckpt_tool")
 
@@ -75,6 +75,7 @@ class Saver:
         self._check_step_grows(step)
         self.ensure_run_id()
         model, optimizer = self.state.model, self.state.optimizer
+        align_replicated_buffers(model)
         lr = float(optimizer.param_groups[0]["lr"])
         probe = measure(model, self.probe, lr, step) if self.probe is not None else None
         with live_state(model, optimizer) as live:  # an optimizer without state yet: built without a copy of the model
@@ -99,18 +100,19 @@ class Saver:
         writer, fs = hashing_writer(partial, self.run_id, step, self.config.io_threads)  # hashes as it writes
         commit_args = (fs, step, rank_json, probe, time.time(), self.env())
         if self.config.async_save:
-            response = dcp.async_save(
-                dcp_state,
-                storage_writer=writer,
-                process_group=self.comm.group,
-                async_stager=self._get_stager(),
-                no_dist=not self.comm.distributed,
-            )
+            with single_process_quietly():
+                response = dcp.async_save(
+                    dcp_state,
+                    storage_writer=writer,
+                    process_group=self.comm.group,
+                    async_stager=self._get_stager(),
+                    no_dist=not self.comm.distributed,
+                )
             self._staging = response.staging_completion
             self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
         else:
             try:
-                with fs.writers_settled():
+                with fs.writers_settled(), single_process_quietly():
                     dcp.save(dcp_state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
             except (CheckpointException, OSError) as exc:
                 self.handle_error(self._failed(step, exc))

@@ -19,11 +19,27 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger("ckpt_tool")
+
+
+def align_replicated_buffers(model: nn.Module) -> None:
+    """DDP with ``broadcast_buffers`` (its default) gives every rank rank 0's buffers (BatchNorm's
+    running statistics) at the start of its next forward; until then each rank's differ (each
+    updated them with its own batch). A checkpoint holds one copy of a replicated entry, written by
+    whichever rank DCP's planner picks (it balances the bytes): rank 0's are broadcast now, as that
+    forward would, so the copy saved is the one the run goes on with. Without ``broadcast_buffers``
+    every rank keeps buffers of its own, which one copy cannot restore (README: exactness)."""
+    if not (isinstance(model, DistributedDataParallel) and model.broadcast_buffers and dist.is_initialized()):
+        return
+    source = dist.get_global_rank(model.process_group, 0)
+    for buffer in model.module.buffers():
+        dist.broadcast(buffer, src=source, group=model.process_group)
 
 
 class LiveState:

@@ -17,6 +17,8 @@ CASES = {
     "right-after-a-save": (("--crash-at-step", "11"), 2, {10}, 0),
     # step 10's save is slowed down (only it: the others need not wait) so the crash comes during it
     "mid-async-save": (("--async-save", "--save-delay", "4", "--save-delay-at", "10", "--crash-at-step", "12"), 2, {5}, 6),
+    # a sync save killed between writing its files and committing them: LATEST stays on 5, steps 6-10 again
+    "mid-sync-save": (("--crash-in-save-at", "10"), 2, {5}, 5),
     # each crash may come before or after the preceding async commit: the re-run count varies
     "two-crashes-async": (("--async-save", "--crash-at-step", "7", "--crash-at-step", "33"), 3, {None, 5}, None),
 }
