@@ -363,8 +363,8 @@ class Watchdog:
         if ended is None:
             return
         self.round_over = ended.suspects
-        if ended.checkpoint_first and ranks_gone:
-            self.leave_after_stop = True
+        if ended.checkpoint_first and (ranks_gone or self.reports.stopped_unasked is not None):
+            self.leave_after_stop = True  # this node's ranks already stopped after the checkpoint: end as they exit
         elif ended.checkpoint_first and self.beats and self.stop_at is None:
             self.leave_after_stop = True
             self.stop_at = time.monotonic()

@@ -110,6 +110,15 @@ def test_ranks_that_stopped_for_another_nodes_round_end_end_this_node_with_77_no
     late._round_end(health.round_ended(tmp_path, "r1"))  # the marker read after the ranks stopped, before torchrun exited
     assert late._finished(0) == ExitCode.NODE_FAULT
 
+    gone = Watchdog(RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1"), report=lambda line: None)
+    gone._handle(beat(0, 14, "step"), 1.0)
+    gone._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)
+    gone.beats = {}  # the ranks exited (their clean exits are forgotten) before the marker was read
+    gone._round_end(health.round_ended(tmp_path, "r1"))
+    assert gone._ending(2.0) is None  # not killed as "a node keeps failing": the stop's checkpoint is committed
+    assert gone._finished(0) == ExitCode.NODE_FAULT
+    assert [e.get("step") for e in read_events(tmp_path) if e["event"] == "round_ended"][-1] == 14
+
     other = Watchdog(RunConfig(command=("x",), run_dir=tmp_path / "o", node="a", round_id="r2"), report=lambda line: None)
     other._handle(beat(0, 14, "step"), 1.0)
     other._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)  # a TERM's stop, no round end
