@@ -95,7 +95,8 @@ class Watchdog:
         self._marker_checked = 0.0
         self.durations = DurationLog()
         self.pool: WarmPool | None = None
-        self.health_view = RankHealth(cfg.run_dir, cfg.node, cfg.stragglers, None, None)
+        reader, self.no_gpu = open_reader() if cfg.gpu_monitor else (None, "off (--no-gpu-monitor)")
+        self.health_view = RankHealth(cfg.run_dir, cfg.node, cfg.stragglers, reader, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
@@ -106,8 +107,6 @@ class Watchdog:
     def run(self) -> int:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.durations = read_durations(self.cfg.run_dir) or DurationLog()
-        reader, no_gpu = open_reader() if self.cfg.gpu_monitor else (None, "off (--no-gpu-monitor)")
-        self.health_view = RankHealth(self.cfg.run_dir, self.cfg.node, self.cfg.stragglers, reader, os.environ.get("CUDA_VISIBLE_DEVICES"))
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
@@ -117,7 +116,7 @@ class Watchdog:
             self.pool.fill()
         argv = torchrun_argv(self.cfg)
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
-        self.event("start", argv=argv, timeouts=self.timeouts(), gpu_monitor=no_gpu or "NVML")
+        self.event("start", argv=argv, timeouts=self.timeouts(), gpu_monitor=self.no_gpu or "NVML")
         # SLURM delivers USR1/TERM to every process of the step, torchrun included, and USR1's
         # default action kills it: torchrun and the ranks ignore USR1 (the ranks get the request
         # on the channel); a rank under `ckpt run` turns TERM into the same request.
