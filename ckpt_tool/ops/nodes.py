@@ -13,16 +13,9 @@ from pathlib import Path
 
 from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, LEAVE_EVENT, NodePlan, fold_health, last_round_finished, plan_nodes
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.store.store import newest_step
 from ckpt_tool.supervise import health
 from ckpt_tool.supervise.events import note, read_events
-
-
-def newest_checkpoint(ckpt_dir: Path) -> int | None:
-    try:
-        return CheckpointStore(ckpt_dir).latest_or_none()
-    except CkptError:
-        return None
 
 
 def decide_nodes(
@@ -39,7 +32,7 @@ def decide_nodes(
     if min_nodes < 1 or suspect_after < 1:
         raise CkptError("--min-nodes and --suspect-after must be >= 1", "see `ckpt nodes --help`", ExitCode.USAGE)
     events = read_events(run_dir)
-    newest = newest_checkpoint(ckpt_dir)
+    newest = newest_step(ckpt_dir)
     finished = last_round_finished(events) if after_failure else ()
     plan = plan_nodes(tuple(current), fold_health(events), min_nodes, newest, after_failure, suspect_after, finished)
     if plan.drop:

@@ -376,3 +376,12 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             return self.read_latest()
         except CkptError:
             return None
+
+
+def newest_step(ckpt_dir: Path | None) -> int | None:
+    """The newest committed step of ``ckpt_dir``, or None (no directory given, none yet, or
+    LATEST unreadable): what a supervisor reports, never a reason to fail."""
+    try:
+        return None if ckpt_dir is None else CheckpointStore(ckpt_dir).latest_or_none()
+    except CkptError:
+        return None

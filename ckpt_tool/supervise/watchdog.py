@@ -39,8 +39,8 @@ from typing import Any
 
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, beat_of, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, calibrate
-from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.errors import ExitCode
+from ckpt_tool.store.store import newest_step
 from ckpt_tool.supervise import channel, health
 from ckpt_tool.supervise.durations import read_durations, write_durations
 from ckpt_tool.supervise.events import note
@@ -153,9 +153,9 @@ class Watchdog:
             rc = proc.poll()
             if rc is not None:
                 return self._finished(rc)
-            if self.reports.stopped_step is not None and self.attempt_pids and not any(map(alive, self.attempt_pids)):
-                # Every rank committed the stop checkpoint and is gone: torchrun's own exit (its
-                # monitor interval, exit barrier, interpreter teardown) adds a second for nothing.
+            if self.attempt_pids and not any(map(alive, self.attempt_pids)) and self._stopped_for_good():
+                # Every rank committed the stop checkpoint and is gone: torchrun's exit adds 1 s for
+                # nothing, or 300 s (its exit barrier waits for agents other watchdogs killed).
                 proc.kill()  # only torchrun: its launchers are gone with the ranks
                 return self._finished(proc.wait())
             self._check_deaths()
@@ -190,20 +190,26 @@ class Watchdog:
             why = "a node keeps failing: the batch script leaves it behind"
             return ExitCode.NODE_FAULT, "round_ended", {"suspects": self.round_over, "note": why}
         if self.breaker.stalled >= self.breaker.limit:
-            return ExitCode.CRASH_LOOP, "crash_loop", {"message": self.breaker.message(self._latest_on_disk())}
+            return ExitCode.CRASH_LOOP, "crash_loop", {"message": self.breaker.message(newest_step(self.cfg.ckpt_dir))}
         if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
             code = ExitCode.NODE_FAULT if self.leave_after_stop else ExitCode.REQUEUE
             why = "no checkpoint committed in time; the previous one is intact"
             return code, "stop_deadline", {"seconds": self.cfg.stop_deadline_s, "note": why}
         return None
 
+    def _stopped_for_good(self) -> bool:
+        """The ranks stopped after a checkpoint asked by this node or by another node's round end
+        (marker read now if unread); not a teardown TERM's stop (torchrun restarts the group)."""
+        if self.reports.stopped_step is not None:
+            return True
+        if self.reports.stopped_unasked is not None and self.round_over is None:
+            self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id), ranks_gone=True)
+        return self.reports.stopped_unasked is not None and self.leave_after_stop
+
     def _finished(self, rc: int) -> int:
         stopped = self.reports.stopped_step
-        if stopped is None and self.reports.stopped_unasked is not None:
-            # another node's watchdog ended the round after a checkpoint: its marker may be unread
-            if self.round_over is None:
-                self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id), ranks_gone=True)
-            stopped = self.reports.stopped_unasked if self.leave_after_stop else None
+        if stopped is None and self._stopped_for_good():  # for another node's round end
+            stopped = self.reports.stopped_unasked
         if stopped is not None and self.leave_after_stop:
             self.event("round_ended", suspects=self.round_over, step=stopped, note="checkpoint committed; leaving the node behind")
             return ExitCode.NODE_FAULT
@@ -389,12 +395,6 @@ class Watchdog:
         if self.beats:
             self.stop_sent = True
             self.event("stop_requested", ranks=sorted(self.beats), note="checkpoint at the next step, then exit for requeue")
-
-    def _latest_on_disk(self) -> int | None:
-        try:
-            return None if self.cfg.ckpt_dir is None else CheckpointStore(self.cfg.ckpt_dir).latest_or_none()
-        except CkptError:
-            return None
 
     def timeouts(self) -> dict[str, float]:
         return calibrate(self.durations.durations, self.cfg.timeouts)

@@ -101,12 +101,13 @@ def test_straggler_suspect_across_two_nodes_ends_the_round_on_both_after_one_che
         }
         with open(tmp_path / f"{node}.log", "wb") as log:
             procs[node] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT)
-    try:
-        codes = {n: p.wait(timeout=300) for n, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+        time.sleep(0.5)
+    codes = {n: p.poll() for n, p in procs.items()}  # None: still running (shown with the logs)
+    for p in procs.values():
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
     logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in procs}
     assert codes == {"a": ExitCode.NODE_FAULT, "b": ExitCode.NODE_FAULT}, logs
     events = read_events(run_dir)

@@ -123,3 +123,39 @@ def test_ranks_that_stopped_for_another_nodes_round_end_end_this_node_with_77_no
     other._handle(beat(0, 14, "step"), 1.0)
     other._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)  # a TERM's stop, no round end
     assert other._finished(0) == ExitCode.OK
+
+
+def test_ranks_gone_after_another_nodes_round_end_stop_kill_torchrun_at_once(tmp_path):
+    """Node a's ranks stopped for node b's round end (not asked by a's watchdog) and are gone:
+    a's watchdog kills torchrun at once instead of waiting for it. torchrun's exit barrier
+    waits 300 s for the agents of the other nodes, whose watchdogs had already killed theirs:
+    a fresh-clone CI's two-node straggler test timed out on exactly that."""
+    import time
+
+    from ckpt_tool.errors import ExitCode
+    from ckpt_tool.supervise import channel, health
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    w = Watchdog(RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1"), report=lambda line: None)
+    w._handle(beat(0, 14, "step", pid=dead.pid), 1.0)
+    health.end_round(tmp_path, "r1", ["b"], "b", checkpoint_first=True)
+    w._handle({"rank": 0, "pid": dead.pid, "event": "stopped", "step": 14}, 1.1)  # before a's watchdog read the marker
+    w._handle({"rank": 0, "pid": dead.pid, "event": "exiting"}, 1.2)
+    torchrun = subprocess.Popen(["sleep", "60"])  # stands in for a torchrun waiting in its exit barrier
+    sock = channel.bind(tmp_path / "s.sock")
+    try:
+        t0 = time.monotonic()
+        assert w._supervise(torchrun, sock) == ExitCode.NODE_FAULT
+        assert time.monotonic() - t0 < 5 and torchrun.poll() is not None
+    finally:
+        torchrun.kill()
+        sock.close()
+    [ended] = [e for e in read_events(tmp_path) if e["event"] == "round_ended"]
+    assert ended["suspects"] == ["b"] and ended["step"] == 14
+
+    # A stop the ranks made of a teardown TERM (no round end): torchrun is left to restart the group.
+    other = Watchdog(RunConfig(command=("x",), run_dir=tmp_path / "o", node="a", round_id="r2"), report=lambda line: None)
+    other._handle(beat(0, 14, "step", pid=dead.pid), 1.0)
+    other._handle({"rank": 0, "pid": dead.pid, "event": "stopped", "step": 14}, 1.1)
+    assert not other._stopped_for_good()
