@@ -67,14 +67,27 @@ def reference(tmp_path_factory):
     return read_metrics(root / "metrics.jsonl")
 
 
-@pytest.fixture
-def crashed(tmp_path):
-    """A run whose rank 0 was killed at step 15: (root, ckpt dir, metrics, local dirs)."""
-    local = [tmp_path / "local0", tmp_path / "local1"]
-    codes = launch(tmp_path, tmp_path / "ckpt", tmp_path / "metrics.jsonl", local, "--crash-at-step", str(CRASH_AT))
+@pytest.fixture(scope="module")
+def crashed_once(tmp_path_factory) -> tuple[Path, Path]:
+    """One run whose rank 0 was killed at step 15 (its working directory, and a copy as it was left)."""
+    root = tmp_path_factory.mktemp("crashed")
+    work = root / "run"
+    work.mkdir()
+    codes = launch(work, work / "ckpt", work / "metrics.jsonl", [work / "local0", work / "local1"], "--crash-at-step", str(CRASH_AT))
     assert codes[0] != 0
-    assert (tmp_path / "ckpt" / layout.step_dir_name(SAVE_EVERY)).is_dir()
-    return tmp_path, tmp_path / "ckpt", tmp_path / "metrics.jsonl", local
+    assert (work / "ckpt" / layout.step_dir_name(SAVE_EVERY)).is_dir()
+    shutil.copytree(work, root / "as-left", symlinks=True)
+    return work, root / "as-left"
+
+
+@pytest.fixture
+def crashed(crashed_once):
+    """That run as it was left, afresh for each test and at the same paths (the index records the
+    local directories): (root, ckpt dir, metrics, local dirs)."""
+    work, as_left = crashed_once
+    shutil.rmtree(work)
+    shutil.copytree(as_left, work, symlinks=True)
+    return work, work / "ckpt", work / "metrics.jsonl", [work / "local0", work / "local1"]
 
 
 def cli_json(*args: str) -> dict:

@@ -87,9 +87,10 @@ def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, superv
 
 
 def test_slow_checkpoints_and_a_data_stall_are_not_hangs(supervised):
-    # Sync saves made ~30x slower than a step (3 s vs ~0.1 s) and a 20 s data stall of rank 0 at
-    # step 15, once the straggler scores are warm: neither a hang nor a straggler.
-    s = supervised("--save-delay", "3", "--data-stall-at-step", "15", "--data-stall-s", "20", steps=24, save_every=8)
+    # Sync saves made ~30x slower than a step (3 s vs ~0.1 s) and a 10 s data stall of rank 0 at
+    # step 15 (twice the step phase's 5 s timeout), once the straggler scores are warm: neither a
+    # hang nor a straggler.
+    s = supervised("--save-delay", "3", "--data-stall-at-step", "15", "--data-stall-s", "10", steps=24, save_every=8)
     assert s.run() == ExitCode.OK, s.log_tail()
     names = [e["event"] for e in s.events()]
     assert "hang" not in names and "rank_exited" not in names and "restarted" not in names, names
