@@ -76,3 +76,47 @@ def round_ended(run_dir: Path, round_id: str) -> RoundEnd | None:
     if not isinstance(record, dict) or record.get("round") != round_id:
         return None
     return RoundEnd([str(n) for n in record.get("suspects") or []], record.get("checkpoint_first") is True)
+
+
+@dataclass
+class RoundWatch:
+    """One node's part in its round's end: the suspect nodes once the round must end (this node's
+    judgement or another node's marker), and whether it ends once the stop's checkpoint is
+    committed (the ranks were still training, or had already stopped for it)."""
+
+    run_dir: Path
+    round_id: str
+    node: str
+    suspect_after: int = DEFAULT_SUSPECT_AFTER
+    over: list[str] | None = None  # the suspect nodes, once this round must end
+    after_stop: bool = False  # the round ends once the stop's checkpoint is committed
+    checked: float = 0.0  # when the marker was last read
+
+    def marker(self) -> RoundEnd | None:
+        """Another node's marker, while the round is not known to be over."""
+        return None if self.over is not None else round_ended(self.run_dir, self.round_id)
+
+    def poll(self, now: float) -> RoundEnd | None:
+        """``marker()``, at most once a second."""
+        if now - self.checked <= 1.0:
+            return None
+        self.checked = now
+        return self.marker()
+
+    def judge(self, checkpoint_first: bool) -> RoundEnd | None:
+        """Fold the ledger; when a node of this round is suspect, write the marker for every node."""
+        suspects = judge_round(self.run_dir, self.round_id, self.suspect_after)
+        if not suspects:
+            return None
+        end_round(self.run_dir, self.round_id, suspects, self.node, checkpoint_first)
+        return RoundEnd(suspects, checkpoint_first)
+
+    def take(self, ended: RoundEnd, ranks_stopped: bool, can_ask: bool) -> bool:
+        """Record the round's end; True when the ranks must now be asked to checkpoint and stop
+        (``can_ask``: they train and no stop was asked yet). Without a checkpoint first, or with
+        no rank to ask, the round ends at once (``over`` without ``after_stop``)."""
+        self.over = ended.suspects
+        if ended.checkpoint_first and (ranks_stopped or can_ask):
+            self.after_stop = True
+            return not ranks_stopped
+        return False

@@ -88,11 +88,9 @@ class Watchdog:
         self.reports = RankReports()
         self.closing: dict[int, Beat] = {}  # ranks of an attempt that lost a rank, until each is gone
         self.local_ranks: dict[int, int] = {}
-        self.round_over: list[str] | None = None  # suspect nodes, when this round must end
-        self.leave_after_stop = False  # the round ends once the stop's checkpoint is committed
+        self.round = health.RoundWatch(cfg.run_dir, cfg.round_id, cfg.node, cfg.suspect_after)
         self.closed_at: float | None = None  # when the current attempt lost a rank
         self.judged: set[int] = set()  # attempts whose failure the health ledger has judged
-        self._marker_checked = 0.0
         self.durations = DurationLog()
         self.pool: WarmPool | None = None
         reader, self.no_gpu = open_reader() if cfg.gpu_monitor else (None, "off (--no-gpu-monitor)")
@@ -163,9 +161,7 @@ class Watchdog:
             if self.closed_at is not None and self.attempt not in self.judged and now - self.closed_at > JUDGE_AFTER_S:
                 self._judge_nodes(self.attempt)
             self._found(self.health_view.poll(now, {b.rank: self.local_ranks.get(b.pid, b.rank) for b in self.beats.values()}))
-            if self.round_over is None and now - self._marker_checked > 1.0:
-                self._marker_checked = now
-                self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id))
+            self._round_end(self.round.poll(now))
             ending = self._ending(now)
             if ending is not None:
                 self.event(ending[1], **ending[2])
@@ -186,13 +182,13 @@ class Watchdog:
 
     def _ending(self, now: float) -> tuple[int, str, dict[str, Any]] | None:
         """(exit code, event, its data) when the round must end now, with its ranks killed."""
-        if self.round_over is not None and not self.leave_after_stop:
+        if self.round.over is not None and not self.round.after_stop:
             why = "a node keeps failing: the batch script leaves it behind"
-            return ExitCode.NODE_FAULT, "round_ended", {"suspects": self.round_over, "note": why}
+            return ExitCode.NODE_FAULT, "round_ended", {"suspects": self.round.over, "note": why}
         if self.breaker.stalled >= self.breaker.limit:
             return ExitCode.CRASH_LOOP, "crash_loop", {"message": self.breaker.message(newest_step(self.cfg.ckpt_dir))}
         if self.stop_at is not None and now - self.stop_at > self.cfg.stop_deadline_s:
-            code = ExitCode.NODE_FAULT if self.leave_after_stop else ExitCode.REQUEUE
+            code = ExitCode.NODE_FAULT if self.round.after_stop else ExitCode.REQUEUE
             why = "no checkpoint committed in time; the previous one is intact"
             return code, "stop_deadline", {"seconds": self.cfg.stop_deadline_s, "note": why}
         return None
@@ -202,16 +198,17 @@ class Watchdog:
         (marker read now if unread); not a teardown TERM's stop (torchrun restarts the group)."""
         if self.reports.stopped_step is not None:
             return True
-        if self.reports.stopped_unasked is not None and self.round_over is None:
-            self._round_end(health.round_ended(self.cfg.run_dir, self.cfg.round_id), ranks_gone=True)
-        return self.reports.stopped_unasked is not None and self.leave_after_stop
+        if self.reports.stopped_unasked is None:
+            return False
+        self._round_end(self.round.marker(), ranks_gone=True)
+        return self.round.after_stop
 
     def _finished(self, rc: int) -> int:
         stopped = self.reports.stopped_step
         if stopped is None and self._stopped_for_good():  # for another node's round end
             stopped = self.reports.stopped_unasked
-        if stopped is not None and self.leave_after_stop:
-            self.event("round_ended", suspects=self.round_over, step=stopped, note="checkpoint committed; leaving the node behind")
+        if stopped is not None and self.round.after_stop:
+            self.event("round_ended", suspects=self.round.over, step=stopped, note="checkpoint committed; leaving the node behind")
             return ExitCode.NODE_FAULT
         if stopped is not None:  # torchrun may exit non-zero when it got TERM too
             self.event("stopped_for_requeue", step=stopped, exit_code=ExitCode.REQUEUE, torchrun_exit_code=rc)
@@ -349,29 +346,21 @@ class Watchdog:
         self._judge(checkpoint_first=False)
 
     def _judge(self, checkpoint_first: bool) -> None:
-        suspects = health.judge_round(self.cfg.run_dir, self.cfg.round_id, self.cfg.suspect_after)
-        if suspects:
-            health.end_round(self.cfg.run_dir, self.cfg.round_id, suspects, self.cfg.node, checkpoint_first)
-            self._round_end(health.RoundEnd(suspects, checkpoint_first))
+        self._round_end(self.round.judge(checkpoint_first))
 
     def _found(self, found: list[tuple[str, dict[str, Any]]]) -> None:
         """Log what the rank health view found; a node that turns suspect ends the round after a checkpoint."""
         for name, data in found:
             suspect = name == "gpu_error" or (name == "straggler" and self.cfg.straggler_suspect)
             self.event(name, **data, **({"suspect": True} if suspect else {}))
-            if suspect and self.round_over is None:
+            if suspect and self.round.over is None:
                 self._judge(checkpoint_first=True)
 
     def _round_end(self, ended: health.RoundEnd | None, ranks_gone: bool = False) -> None:
         """This round ends (a node's watchdog wrote the marker): at once, or after a checkpoint
         when the ranks still train (the stop request goes to every rank of the job)."""
-        if ended is None:
-            return
-        self.round_over = ended.suspects
-        if ended.checkpoint_first and (ranks_gone or self.reports.stopped_unasked is not None):
-            self.leave_after_stop = True  # this node's ranks already stopped after the checkpoint: end as they exit
-        elif ended.checkpoint_first and self.beats and self.stop_at is None:
-            self.leave_after_stop = True
+        stopped = ranks_gone or self.reports.stopped_unasked is not None  # after the checkpoint: end as they exit
+        if ended is not None and self.round.take(ended, stopped, can_ask=bool(self.beats) and self.stop_at is None):
             self.stop_at = time.monotonic()
             self.event("round_ending", suspects=ended.suspects, note="a node is suspect: checkpoint at the next step, then leave it behind")
 

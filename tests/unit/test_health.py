@@ -184,3 +184,27 @@ def test_a_straggler_is_counted_and_makes_its_node_suspect_only_when_the_run_ask
     asked = fold_health(start("r", *NODES) + [{**event, "suspect": True}])
     assert asked.suspects(2) == ("n3",) and asked.record("n3").flagged.startswith("straggler: rank 5 compute 3.1x")
     assert [n["stragglers"] for n in asked.to_json()["nodes"] if n["node"] == "n3"] == [1]
+
+
+def test_a_round_watch_ends_at_once_or_after_the_stops_checkpoint(tmp_path):
+    from ckpt_tool.supervise.health import RoundEnd, RoundWatch, end_round
+
+    suspect = RoundEnd(["n3"], checkpoint_first=True)
+    asks = RoundWatch(tmp_path, "r1", "n1")
+    assert asks.take(suspect, ranks_stopped=False, can_ask=True) is True  # training: ask for the checkpoint
+    assert (asks.over, asks.after_stop) == (["n3"], True)
+    stopped = RoundWatch(tmp_path, "r1", "n1")
+    assert stopped.take(suspect, ranks_stopped=True, can_ask=False) is False  # they stopped for it already
+    assert stopped.after_stop
+    for ended, can_ask in ((RoundEnd(["n3"], checkpoint_first=False), True), (suspect, False)):
+        now = RoundWatch(tmp_path, "r1", "n1")  # a node that keeps failing, or no rank to ask: at once
+        assert now.take(ended, ranks_stopped=False, can_ask=can_ask) is False
+        assert (now.over, now.after_stop) == (["n3"], False)
+
+    reader = RoundWatch(tmp_path, "r1", "n1")
+    end_round(tmp_path, "r1", ["n3"], "n3", checkpoint_first=True)
+    assert reader.poll(0.5) is None  # read at most once a second
+    assert reader.poll(1.6) == suspect and reader.poll(1.7) is None
+    reader.take(suspect, ranks_stopped=False, can_ask=True)
+    assert reader.marker() is None  # known to be over: not read again
+    assert RoundWatch(tmp_path, "r2", "n1").marker() is None  # another round's marker
