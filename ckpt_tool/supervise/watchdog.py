@@ -383,7 +383,8 @@ class Watchdog:
                 channel.send(sock, addr, {"cmd": "save_and_stop"})
         if self.beats:
             self.stop_sent = True
-            self.event("stop_requested", ranks=sorted(self.beats), note="checkpoint at the next step, then exit for requeue")
+            then = "leave the suspect node behind" if self.round.after_stop else "exit for requeue"
+            self.event("stop_requested", ranks=sorted(self.beats), note=f"checkpoint at the next step, then {then}")
 
     def timeouts(self) -> dict[str, float]:
         return calibrate(self.durations.durations, self.cfg.timeouts)

@@ -270,7 +270,7 @@ class CheckpointManager:
         if stop:
             self.close()
             self.hb.send_event("stopped", step=step)
-            log.warning("ckpt: checkpoint of step %d committed on request; stopping for requeue", step)
+            log.warning("ckpt: checkpoint of step %d committed on request (a preemption, or a node left behind); stopping", step)
             raise SystemExit(0)
         return saved
 
