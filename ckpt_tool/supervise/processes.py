@@ -67,6 +67,21 @@ def kill_tree(pids: list[int], grace_s: float = 0.0) -> None:
     _wait_gone(left, 10)
 
 
+def end_launcher(pid: int, grace_s: float) -> None:
+    """End a launcher (torchrun) and everything below it without letting it act: it is stopped
+    first (no restart of the workers it would see dying, no traceback from its own SIGTERM
+    handler after our clear message), what it started is ended as ``kill_tree`` does, then it
+    gets SIGKILL."""
+    try:
+        root = psutil.Process(pid)
+        root.suspend()
+        below = [p.pid for p in root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    kill_tree(below, grace_s)
+    kill_tree([pid])
+
+
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Wait until each process has exited; the ones still running at ``timeout``. An exited
     process counts as gone even before its parent reaps it: a zombie whose parent was killed

@@ -45,7 +45,7 @@ from ckpt_tool.supervise import channel, health
 from ckpt_tool.supervise.durations import read_durations, write_durations
 from ckpt_tool.supervise.events import note
 from ckpt_tool.supervise.gpu_monitor import open_reader
-from ckpt_tool.supervise.processes import alive, ignore_usr1, kill_tree, write_ranks
+from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree, write_ranks
 from ckpt_tool.supervise.rank_health import RankHealth
 from ckpt_tool.supervise.rank_reports import RankReports
 from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
@@ -126,7 +126,7 @@ class Watchdog:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             if proc.poll() is None:
-                kill_tree([proc.pid], self.cfg.grace_s)
+                end_launcher(proc.pid, self.cfg.grace_s)
             kill_tree([b.pid for b in self.beats.values()], 0.5)  # no orphans, whatever happened
             if self.pool is not None:
                 self.pool.close()
@@ -146,7 +146,7 @@ class Watchdog:
                 self._send_stop(sock)
             if self.reports.fatal is not None:
                 self.event("fatal", **self.reports.fatal, note="a restart cannot fix this: not restarted")
-                kill_tree([proc.pid], self.cfg.grace_s)
+                end_launcher(proc.pid, self.cfg.grace_s)
                 return int(self.reports.fatal["exit_code"])
             rc = proc.poll()
             if rc is not None:
@@ -165,7 +165,7 @@ class Watchdog:
             ending = self._ending(now)
             if ending is not None:
                 self.event(ending[1], **ending[2])
-                kill_tree([proc.pid], self.cfg.grace_s)
+                end_launcher(proc.pid, self.cfg.grace_s)
                 return ending[0]
             hangs = find_hangs(self.beats.values(), self.timeouts(), now) if self.stop_at is None else []
             if hangs:

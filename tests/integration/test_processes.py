@@ -69,3 +69,35 @@ def test_a_tree_that_ignores_sigterm_is_killed_after_the_grace_and_nothing_is_le
     kill_tree([proc.pid], grace_s=1.0)
     assert time.monotonic() - t0 >= 1.0, "SIGKILL came before the grace was over"
     assert not any(running(p.pid) for p in procs)
+
+
+# A launcher like torchrun: on SIGTERM it prints a traceback; when its worker dies it starts another.
+LAUNCHER = (
+    "import signal, subprocess, sys, time\n"
+    "def term(*a):\n"
+    "    print('Traceback: SignalException got signal 15', flush=True); sys.exit(1)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    "print('ready', worker.pid, flush=True)\n"
+    "while True:\n"
+    "    if worker.poll() is not None:\n"
+    "        worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    "        print('restarted', worker.pid, flush=True)\n"
+    "    time.sleep(0.01)\n"
+)
+
+
+def test_a_launcher_is_ended_without_restarting_its_workers_or_printing_its_traceback():
+    """`ckpt run` ends torchrun (a fatal error, a crash loop, a round end) after its own clear
+    message: torchrun must neither restart the workers it sees dying nor print the traceback of
+    its SIGTERM handler after that message."""
+    from ckpt_tool.supervise.processes import end_launcher
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    first = launcher.stdout.readline().split()
+    assert first[0] == "ready"
+    end_launcher(launcher.pid, grace_s=2.0)
+    assert not running(launcher.pid) and not running(int(first[1]))
+    said = launcher.stdout.read()
+    assert "Traceback" not in said and "restarted" not in said, said
