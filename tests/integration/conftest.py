@@ -3,8 +3,12 @@ cleaned up after) and `ckpt` (a copy of the recipe's checkpoints, steps 5..20, t
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -12,6 +16,18 @@ import pytest
 from ckpt_tool.recipes.launch import RecipeJob, compare_runs, read_metrics
 
 from ..conftest import SAVE_EVERY, STEPS
+
+
+def ckpt_cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`ckpt ARGS` in a process of its own, as a user runs it: exit code and output."""
+    return subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def ckpt_json(*args: object, timeout: float = 300) -> Any:
+    """`ckpt ARGS` (with --json among them) that must succeed: its JSON."""
+    proc = ckpt_cli(*args, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
 
 
 @pytest.fixture

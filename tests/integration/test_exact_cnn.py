@@ -9,7 +9,6 @@ of its checkpoints."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ import pytest
 
 from ckpt_tool.recipes.launch import run, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
+
+from .conftest import ckpt_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -99,18 +100,10 @@ def test_the_second_family_resumes_bit_identical_after_a_crash_mid_step_and_one_
     assert CheckpointStore(job.ckpt).read_latest() == STEPS
 
 
-def verify(ckpt: Path, *args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "ckpt_tool.cli.main", "verify", str(ckpt), "--json", *args], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)
-
-
 def test_ckpt_verify_checks_the_second_familys_checkpoint_exactly_and_its_conditions(references):
-    report = verify(references.ckpt["single"])
+    report = ckpt_json("verify", references.ckpt["single"], "--json", timeout=300)
     assert report["ok"] and report["exact"] and report["step"] == STEPS, report
     # the DDP checkpoint checked by one process: the recorded world size differs, so tolerance
     # applies (not a bit-exact claim) and the report says what reproduces the save
-    report = verify(references.ckpt["ddp"])
+    report = ckpt_json("verify", references.ckpt["ddp"], "--json", timeout=300)
     assert report["ok"] and not report["exact"] and "--nproc 2" in report["reproduce"], report

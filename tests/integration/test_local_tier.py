@@ -10,7 +10,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from ckpt_tool.core import layout
 from ckpt_tool.core.local_tier import rank_dir_name
 from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, node_command, read_metrics, recipe_args
+
+from .conftest import ckpt_cli, ckpt_json
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -90,12 +91,6 @@ def crashed(crashed_once):
     return work, work / "ckpt", work / "metrics.jsonl", [work / "local0", work / "local1"]
 
 
-def cli_json(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
 def local_steps(local: Path, rank: int) -> list[int]:
     steps = [layout.parse_step_dir_name(p.name) for p in (local / rank_dir_name(rank)).iterdir()]
     return sorted(s for s in steps if s is not None)
@@ -117,7 +112,7 @@ def test_a_replaced_node_resumes_from_its_peer_copy_at_the_newest_local_step(ref
     root, ckpt, metrics, local = crashed
     newest = max(set(local_steps(local[0], 0)) & set(local_steps(local[1], 0)) & set(local_steps(local[1], 1)))
     assert newest > SAVE_EVERY  # the fast tier holds a step the shared tier does not
-    listed = cli_json("list", str(ckpt), "--json")["checkpoints"]
+    listed = ckpt_json("list", ckpt, "--json", timeout=120)["checkpoints"]
     local_rows = {r["step"]: r for r in listed if r["status"] == "local"}
     assert newest in local_rows and all(s > SAVE_EVERY for s in local_rows)  # `ckpt list` shows what is where
     assert local_rows[newest]["path"].startswith("node-local (") and f"{local[1].resolve()}: ranks 0,1" in local_rows[newest]["path"]
@@ -215,9 +210,9 @@ def test_local_steps_saved_before_a_rollback_of_the_shared_tier_are_not_resumed(
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     launch(tmp_path, ckpt, metrics, local, "--crash-at-step", str(CRASH_AT), "--save-every", "5")
     assert local_steps(local[0], 0) and max(local_steps(local[0], 0)) > 10
-    proc = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "rollback", str(ckpt), "--to", "5"], capture_output=True, text=True)
+    proc = ckpt_cli("rollback", ckpt, "--to", "5")
     assert proc.returncode == 0, proc.stderr
-    assert not [r for r in cli_json("list", str(ckpt), "--json")["checkpoints"] if r["status"] == "local"]
+    assert not [r for r in ckpt_json("list", ckpt, "--json", timeout=120)["checkpoints"] if r["status"] == "local"]
     step, sent = resume(tmp_path, ckpt, metrics, local)
     assert (step, sent) == (5, "")
     assert "saved before the shared tier's last rollback" in (tmp_path / "node0.log").read_text()

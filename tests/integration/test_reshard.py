@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,8 @@ from ckpt_tool.recipes.data import Corpus, GlobalSampler
 from ckpt_tool.recipes.gpt_model import GPTConfig
 from ckpt_tool.recipes.launch import FAST_ARGS, read_metrics, recipe_args, run, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
+
+from .conftest import ckpt_cli
 
 pytestmark = pytest.mark.slow
 
@@ -135,10 +135,6 @@ def four_rank_checkpoint(tmp_path_factory) -> Path:
     code, _ = launch(root, "m", 4, CASES["4-to-3"][2])  # also the source and reference of the 4-to-3 case
     assert code == 0, (root / "m.log").read_text()[-3000:]
     return root / "ckpt"
-
-
-def ckpt_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
 def full_state(directory: Path) -> dict:

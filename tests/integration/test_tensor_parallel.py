@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,8 @@ from ckpt_tool.recipes.data import Corpus, GlobalSampler
 from ckpt_tool.recipes.gpt_model import GPTConfig
 from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, read_metrics, recipe_args, run, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
+
+from .conftest import ckpt_cli
 
 pytestmark = pytest.mark.slow
 
@@ -53,10 +53,6 @@ def launch(root: Path, nproc: int, tp: int, *extra: str, ckpt: Path | None = Non
     return metrics
 
 
-def ckpt_cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", *map(str, args)], capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """An uninterrupted tp 2 x dp 2 run without dropout: checkpoints at 4, 8, 12."""
@@ -84,7 +80,7 @@ def test_same_mesh_crash_and_resume_is_bit_identical_with_dropout(tmp_path):
     assert dict(manifest.layout.to_json()["must_divide"]["tp"]) == {"attention heads": 4, "MLP hidden size": 256}
     assert manifest.batch is not None and manifest.batch.dp_size == 2  # the batch is split over dp, not the 4 ranks
     # the ckpt verify probe on the saved mesh (--tp defaults to the saved 2) is bit-exact
-    proc = ckpt_cli("verify", root / "ckpt", "--nproc", "4", "--json")
+    proc = ckpt_cli("verify", root / "ckpt", "--nproc", "4", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["exact"] and report["ok"] and report["mesh"] == report["saved_mesh"] == "dp_shard=2,tp=2"
@@ -118,7 +114,7 @@ def test_resume_on_another_mesh_keeps_the_batch_and_the_trajectory(reference, tm
     for f in root.glob("metrics-*.jsonl"):
         f.unlink()
     # back to step 8, as if the 4-rank job had died after it; then the identical command on the new mesh
-    assert ckpt_cli("rollback", root / "ckpt", "--to", "8").returncode == 0
+    assert ckpt_cli("rollback", root / "ckpt", "--to", "8", timeout=600).returncode == 0
     for f in root.glob("samples.rank*.jsonl"):  # the lost steps 9-12 of the first run are not "used"
         kept = [line for line in f.read_text().splitlines() if json.loads(line)["step"] <= 8]
         f.write_text("".join(line + "\n" for line in kept))
@@ -152,7 +148,7 @@ def full_state(directory: Path) -> dict:
 def test_offline_reshard_between_meshes_copies_parameters_bit_for_bit(reference, tmp_path):
     out = tmp_path / "tp2x1"
     proc = ckpt_cli(
-        "reshard", reference / "ckpt", "--world-size", "2", "--tp", "2", "--out", out, "--per-rank", "--json"
+        "reshard", reference / "ckpt", "--world-size", "2", "--tp", "2", "--out", out, "--per-rank", "--json", timeout=600
     )  # the torchrun path (test_reshard.py tests the one-process copy)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -171,18 +167,18 @@ def test_offline_reshard_between_meshes_copies_parameters_bit_for_bit(reference,
     assert any(".attn.q." in k for k in src["model"])  # tensor-parallel parameters are among them
 
     # planning alone (no copy): tp 1 over 4 ranks; a tp size that does not divide the heads is refused
-    plan = json.loads(ckpt_cli("reshard", reference / "ckpt", "--world-size", "4", "--tp", "1", "--json").stdout)
+    plan = json.loads(ckpt_cli("reshard", reference / "ckpt", "--world-size", "4", "--tp", "1", "--json", timeout=600).stdout)
     assert plan["mesh"]["new"] == "dp_shard=4" and plan["new"]["global_batch"] == 8
-    refused = ckpt_cli("reshard", reference / "ckpt", "--world-size", "3", "--tp", "3")
+    refused = ckpt_cli("reshard", reference / "ckpt", "--world-size", "3", "--tp", "3", timeout=600)
     assert refused.returncode == 4
     assert "tp 3 does not divide the attention heads (4)" in refused.stderr and "tp sizes that fit: 2 or 4" in refused.stderr
-    uneven = ckpt_cli("reshard", reference / "ckpt", "--world-size", "3")  # tp 2 kept: 3 ranks cannot hold it
+    uneven = ckpt_cli("reshard", reference / "ckpt", "--world-size", "3", timeout=600)  # tp 2 kept: 3 ranks cannot hold it
     assert uneven.returncode == 2 and "not a multiple of 2" in uneven.stderr and "nearest: 2 or 4" in uneven.stderr
     assert not (tmp_path / "never").exists()
 
 
 def test_inspect_and_export_of_a_tensor_parallel_x_fsdp_checkpoint(reference, tmp_path):
-    proc = ckpt_cli("inspect", reference / "ckpt", "--json")
+    proc = ckpt_cli("inspect", reference / "ckpt", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["manifest"]["mesh_text"] == "dp_shard 2 x tp 2" and report["manifest"]["world_size"] == 4
@@ -193,7 +189,7 @@ def test_inspect_and_export_of_a_tensor_parallel_x_fsdp_checkpoint(reference, tm
     from safetensors.torch import load_file
 
     out = tmp_path / "tp.safetensors"
-    proc = ckpt_cli("export", reference / "ckpt", "--model-only", "--out", out)
+    proc = ckpt_cli("export", reference / "ckpt", "--model-only", "--out", out, timeout=600)
     assert proc.returncode == 0, proc.stderr
     src = full_state(reference / "ckpt" / "step_00000012")
     got = load_file(out)
