@@ -79,6 +79,7 @@ class Watchdog:
         self.attempt_pids: set[int] = set()
         self.newest_ckpt: int | None = None
         self.gone: set[int] = set()  # rank pids known dead (killed by us or seen gone)
+        self.earlier: set[int] = set()  # rank pids of the attempts before this one (survivors die late)
         self.failures_counted: set[int] = set()  # attempts whose failure the breaker has seen
         self.resumed_logged: set[int] = set()  # attempts whose first training step was logged
         self.closed_attempts: set[int] = set()  # attempts that lost a rank: no hang judging
@@ -227,8 +228,8 @@ class Watchdog:
             return
         beat = beat_of(m, now, self.attempt)
         torchrun_attempt = m.get("attempt", 0)
-        if beat is None or not isinstance(torchrun_attempt, int) or beat.pid in self.gone:
-            return  # not a beat, or a straggler of an attempt already torn down
+        if beat is None or not isinstance(torchrun_attempt, int) or beat.pid in self.gone or beat.pid in self.earlier:
+            return  # not a beat, or from a rank of an attempt already over (a survivor still dying)
         # A new group of ranks on this node: new pids after the attempt lost a rank, or a higher
         # torchrun restart count. (That count is per node: an agent restarting its ranks because
         # another node failed does not raise it, so it cannot number attempts across nodes.)
@@ -265,6 +266,7 @@ class Watchdog:
             self._failure()  # torchrun restarted the group after a failure it saw
         self._log_deaths(self.closing)
         self.attempt, self.torchrun_attempt = self.attempt + 1, torchrun_attempt
+        self.earlier |= self.attempt_pids
         self.beats, self.closing, self.attempt_pids, self.closed_at = {}, {}, set(), None
         self.health_view.new_attempt(self.attempt)
         self.event("restarted", torchrun_restart_count=torchrun_attempt)

@@ -42,6 +42,17 @@ def test_resumed_is_logged_after_a_requeue_and_after_a_restart(tmp_path):
     ]
 
 
+def test_a_beat_from_a_rank_of_the_previous_attempt_is_not_taken_for_the_new_ones(tmp_path):
+    """A survivor of a failed attempt beats until it is gone (its heartbeat is a thread); once the
+    restarted group beats, its late beat must not become the new attempt's rank 0 (its death
+    would then fail the new attempt) nor feed the new attempt's straggler scores."""
+    w = Watchdog(RunConfig(command=("x",), run_dir=tmp_path), report=lambda line: None)
+    w._handle(beat(0, 12, "step"), 1.0)
+    w._handle(beat(0, 11, "step", attempt=1, pid=NEW_PID), 5.0)  # torchrun restarted the group
+    w._handle(beat(0, 12, "step"), 5.1)  # the old rank 0, still dying
+    assert w.beats[0].pid == NEW_PID and w.attempt_pids == {NEW_PID} and w.beats[0].step == 11
+
+
 def test_a_fresh_start_is_not_a_resume_even_after_its_first_save(tmp_path):
     w = Watchdog(RunConfig(command=("x",), run_dir=tmp_path), report=lambda line: None)
     w._handle(beat(0, 1, "step"), 1.0)
