@@ -103,6 +103,9 @@ def run(
         0.75, "--straggler-threshold", help="A rank scoring below this (its peers' median time / its own, 0..1) is slow."
     ),
     straggler_steps: int = typer.Option(5, "--straggler-steps", min=1, help="Steps in a row a rank stays slow before it is reported."),
+    straggler_seconds: float = typer.Option(
+        5.0, "--straggler-seconds", help="... and for at least this long: a hiccup of the machine ends sooner (0: steps alone)."
+    ),
     straggler_suspect: bool = typer.Option(
         False,
         "--straggler-suspect",
@@ -125,7 +128,7 @@ def run(
 
     timeouts = TimeoutPolicy(overrides=_parse_timeouts(timeout))
     try:
-        stragglers = StragglerPolicy(threshold=straggler_threshold, consecutive=straggler_steps)
+        stragglers = StragglerPolicy(threshold=straggler_threshold, consecutive=straggler_steps, persist_s=straggler_seconds)
     except ValueError as exc:
         raise CkptError(
             str(exc), "e.g. --straggler-threshold 0.75: a rank 1.33x slower than its peers' median is slow", ExitCode.USAGE

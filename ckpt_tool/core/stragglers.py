@@ -16,16 +16,20 @@ the peers is not moved by one lucky rank):
 - individual: this rank's best rolling median so far / its current one (a rank that slowed down).
 
 A rank is a straggler in a quantity when its relative score stays below ``threshold`` for
-``consecutive`` steps and its excess over its peers is worth telling (at least ``min_share`` of
-its step's wall time and ``min_seconds``): a single stall (one slow batch, a checkpoint) moves a
-rolling median by nothing. Detection bound: a rank that becomes slow at step s is reported by
-step s + ``window // 2 + 1 + consecutive - 1`` (the median turns, then the run of steps), plus
-the one step a beat carries its timing late. ``checkpoint`` is measured but not scored: rank 0
-commits, so it is slower there by design.
+``consecutive`` steps in a row, and for at least ``persist_s`` seconds of those steps, and its
+excess over its peers is worth telling (at least ``min_share`` of its step's wall time and
+``min_seconds``): a single stall (one slow batch, a checkpoint) moves a rolling median by
+nothing, and a hiccup of the machine (a virtual CPU stolen or slowed for a second, a neighbour's
+burst) ends before ``persist_s``; a throttled GPU or a bad link does not. Detection bound: a
+rank that becomes slow at step s is reported by step s + ``window // 2 + 1 + n - 1``, n =
+``consecutive`` or the steps that fill ``persist_s``, whichever is more (the median turns, then
+the run of steps), plus the one step a beat carries its timing late. ``checkpoint`` is measured
+but not scored: rank 0 commits, so it is slower there by design.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -86,6 +90,7 @@ class StragglerPolicy:
     threshold: float = 0.75  # relative score below this is slow: 1.33x the peers' median
     window: int = 5  # steps in a rolling median
     consecutive: int = 5  # steps in a row below the threshold before it is reported
+    persist_s: float = 5.0  # ... lasting at least this long (the sum of those steps' wall times)
     warmup: int = 3  # first steps of each attempt are not scored (allocation, compilation, resume)
     min_share: float = 0.05  # excess over the peers worth telling, as a share of the step's wall time
     min_seconds: float = 0.002
@@ -95,11 +100,14 @@ class StragglerPolicy:
             raise ValueError(f"straggler threshold must be between 0 and 1 (a relative score), got {self.threshold}")
         if self.window < 1 or self.consecutive < 1 or self.warmup < 0:
             raise ValueError("straggler window and consecutive must be >= 1 and warmup >= 0")
+        if not 0 <= self.persist_s < 1e6:
+            raise ValueError(f"straggler seconds must be 0 or more (how long a rank stays slow), got {self.persist_s}")
 
-    @property
-    def bound_steps(self) -> int:
-        """Steps from the first slow step to the report, at most (the beat's one step included)."""
-        return self.window // 2 + self.consecutive + 1
+    def bound_steps(self, step_s: float) -> int:
+        """Steps from the first slow step to the report, at most (the beat's one step included),
+        when the job's steps take ``step_s`` seconds once the rank is slow."""
+        filling = math.ceil(self.persist_s / step_s) if step_s > 0 else self.consecutive
+        return self.window // 2 + max(self.consecutive, filling) + 1
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,7 @@ class _Rank:
     recent: deque[StepTiming]
     seen: int = 0
     below: dict[str, int] = field(default_factory=dict)
+    below_s: dict[str, float] = field(default_factory=dict)  # the wall time of those steps
     flagged: set[str] = field(default_factory=set)
     best_own: dict[str, float] = field(default_factory=dict)  # lowest rolling median so far
 
@@ -196,7 +205,8 @@ class StragglerDetector:
             r.best_own[q] = min(r.best_own.get(q, own), own)
             slow = peers / own < p.threshold and own - peers >= max(p.min_seconds, p.min_share * wall)
             r.below[q] = r.below.get(q, 0) + 1 if slow else 0
-            if slow and r.below[q] >= p.consecutive and q not in r.flagged:
+            r.below_s[q] = r.below_s.get(q, 0.0) + timing.wall if slow else 0.0
+            if slow and r.below[q] >= p.consecutive and r.below_s[q] >= p.persist_s and q not in r.flagged:
                 r.flagged.add(q)
                 found.append(Finding("straggler", rank, q, timing.step, own, peers, peers / own, r.below[q]))
             elif not slow and q in r.flagged:
