@@ -131,7 +131,9 @@ def run(
         stragglers = StragglerPolicy(threshold=straggler_threshold, consecutive=straggler_steps, persist_s=straggler_seconds)
     except ValueError as exc:
         raise CkptError(
-            str(exc), "e.g. --straggler-threshold 0.75: a rank 1.33x slower than its peers' median is slow", ExitCode.USAGE
+            str(exc),
+            "e.g. --straggler-threshold 0.75 (a rank 1.33x slower than its peers' median is slow) --straggler-seconds 5",
+            ExitCode.USAGE,
         ) from exc
     _check_importable(warm_import)
     if ckpt_dir is not None:

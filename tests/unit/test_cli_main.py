@@ -110,3 +110,20 @@ def test_note_into_a_run_dir_that_cannot_be_made_is_a_usage_error(capsys, tmp_pa
     assert exit_info.value.code == 2
     assert f"cannot append to {blocker / 'run' / 'events.jsonl'}" in err and "hint:" in err
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        (["--straggler-threshold", "1.5"], "between 0 and 1"),
+        (["--straggler-threshold", "nan"], "between 0 and 1"),
+        (["--straggler-seconds", "-1"], "straggler seconds must be 0 or more"),
+        (["--straggler-seconds", "inf"], "straggler seconds must be 0 or more"),
+        (["--straggler-steps", "0"], "--straggler-steps"),
+    ],
+)
+def test_a_straggler_policy_that_cannot_work_is_refused_before_anything_starts(capsys, tmp_path, option, expected):
+    code, _, err = ckpt(capsys, "run", "--run-dir", str(tmp_path / "run"), *option, "--", "-m", "ckpt_tool.recipes.tiny_gpt")
+    assert code == 2 and expected in " ".join(err.split()), err
+    assert "hint:" in err or "Invalid value" in err  # ours says what to use; typer's names the range
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
