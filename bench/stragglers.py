@@ -4,7 +4,8 @@
 Everything runs the reference recipe under ``ckpt run`` as tests/integration/test_run_watchdog.py
 launches it (2 CPU ranks, gloo, FSDP2, ``--d-model 64 --n-layer 2 --corpus-tokens 60000``; the
 bench/watchdog.py ``Job``: each metrics line stamped as it appears). Default straggler policy
-(threshold 0.75, rolling medians of 5 steps, 5 steps in a row and 5 s, 3 warm-up steps).
+(threshold 0.75, rolling medians over at least 5 steps and 5 s of steps, 5 steps in a row, 3
+warm-up steps).
 
 (1a) cost, micro (judged): in this process, one step's rank-side work as ``maybe_save`` and
 ``heartbeat().phase("data")`` do it under ``ckpt run`` (timer enter/leave of the data phase,
@@ -20,20 +21,22 @@ runs each (--quick 1), over the steps after the first 10; the ratio of the media
 shared 2-core machine run-to-run noise is larger than 1% (the spread is shown), so (1a) judges.
 
 (2) detection delay: rank R (0 and 1 alternately) computes ``--slow-ms`` more CPU time per step
-from step 20 (``--slow-from-step``), where ``--slow-ms`` = (factor - 1) x the ranks' median
-compute measured in (1b) (``rank_health`` of its runs), factor 1.5 and 3; 3 trials each (--quick
-1), 90 steps, a save every 10. Delay = steps from the first slow step to the one whose timing the
-``straggler`` event reports, plus the one step its beat comes later. Target: every trial within
-the stated bound (``StragglerPolicy.bound_steps(step_s)``: 2 steps for the median to turn, 5 in a
-row or as many as fill 5 s, whichever is more, 1 for the beat; ``step_s`` the median interval
-of the trial's metrics lines once the rank is slow), the slow rank named; the rank's measured
-``slower_x`` is shown (the injected factor is of CPU work; the measured one includes the noise).
+from step 100 (``--slow-from-step``; the windows are full by then), where ``--slow-ms`` = (factor
+- 1) x the ranks' median compute measured in (1b) (``rank_health`` of its runs), factor 1.5 and
+3; 3 trials each (--quick 1), 170 steps, a save every 10. Delay = steps from the first slow step
+to the one whose timing the ``straggler`` event reports, plus the one step its beat comes later.
+Target: every trial within the stated bound (``StragglerPolicy.bound_steps(step_s)``: the steps
+until slow steps alone fill the 5 s window, or 3 when 5 steps span it, then 4 more in a row, 1
+for the beat; ``step_s`` the median interval of the trial's metrics lines once the rank is
+slow), the slow rank named; the rank's measured ``slower_x`` is shown (the injected factor is of
+CPU work; the measured one includes the noise).
 
 (3) false positives: ``straggler``, ``gpu_idle`` and ``gpu_error`` events over normal runs
-(target 0): per repetition (3, --quick 1) a plain run (100 steps, async saves every 5), a run with
-slow sync saves (``--save-delay 1``) and a 10 s data stall of rank 0 at step 30 (60 steps), and a
-run whose rank 1 is SIGKILLed at step 30 (restart, resume; 60 steps); plus the non-slow rank of
-every (2) trial.
+(target 0): per repetition (3, --quick 1) a plain run (300 steps, async saves every 5), a run with
+slow sync saves (``--save-delay 1``, every 20) and a 10 s data stall of rank 0 at step 100 (200
+steps), and a run whose rank 1 is SIGKILLed at step 150 (restart, resume; 300 steps): each long
+enough for its ranks to be scored (windows full; shown); plus the non-slow rank of every (2)
+trial.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from ckpt_tool.core.stragglers import StepTiming, StragglerDetector, StragglerPo
 from ckpt_tool.supervise.rank_health import read_rank_health
 from ckpt_tool.training.step_timing import StepTimer
 
-SLOW_FROM = 20
+SLOW_FROM = 100
 POLICY = StragglerPolicy()
 ALARMS = ("straggler", "gpu_idle", "gpu_error")
 
@@ -110,7 +113,7 @@ def end_to_end(work: Path, steps: int, runs: int) -> dict[str, list[dict[str, An
 def detection_trial(work: Path, factor: float, compute_s: float, rank: int) -> dict[str, Any]:
     slow_ms = (factor - 1) * compute_s * 1e3
     extra = ("--slow-rank", str(rank), "--slow-ms", f"{slow_ms:.1f}", "--slow-from-step", str(SLOW_FROM))
-    job = Job(work, 90, 10, extra=extra)
+    job = Job(work, 170, 10, extra=extra)
     try:
         rc = job.start().wait(timeout=300)
     finally:
@@ -135,15 +138,15 @@ def detection_trial(work: Path, factor: float, compute_s: float, rank: int) -> d
 # ----------------------------------------------------------------------------- (3) false positives
 def normal_run(work: Path, kind: str) -> dict[str, Any]:
     if kind == "plain":
-        job = Job(work, 100, 5, extra=("--async-save",))
+        job = Job(work, 300, 5, extra=("--async-save",))
         rc = job.start().wait(timeout=300)
     elif kind == "stall":
-        job = Job(work, 60, 5, extra=("--save-delay", "1", "--data-stall-at-step", "30", "--data-stall-s", "10"))
+        job = Job(work, 200, 20, extra=("--save-delay", "1", "--data-stall-at-step", "100", "--data-stall-s", "10"))
         rc = job.start().wait(timeout=300)
     else:
-        job = Job(work, 60, 5)
+        job = Job(work, 300, 5)
         job.start()
-        job.wait_for_step(30)
+        job.wait_for_step(150)
         ranks = job.ranks()
         os.kill(ranks[max(ranks)].pid, signal.SIGKILL)
         rc = job.wait(timeout=300)
@@ -154,6 +157,7 @@ def normal_run(work: Path, kind: str) -> dict[str, Any]:
         "exit_code": rc,
         "alarms": [e for e in events if e["event"] in ALARMS],
         "restarted": sum(e["event"] == "restarted" for e in events),
+        "scored_ranks": len(read_rank_health(job.run_dir)),  # the last attempt's ranks whose windows filled
     }
 
 
@@ -223,7 +227,11 @@ def report(
     notes = [
         f"(2) the slow rank did (factor - 1) x {compute * 1e3:.1f} ms more CPU work a step (the ranks' median compute in (1b)); "
         "slower_x is what the watchdog measured (compute vs the peer's median, rolling medians)",
-        "(3) " + "; ".join(f"{r['kind']}: exit {r['exit_code']}, {len(r['alarms'])} alarms, {r['restarted']} restarts" for r in normal),
+        "(3) "
+        + "; ".join(
+            f"{r['kind']}: exit {r['exit_code']}, {len(r['alarms'])} alarms, {r['restarted']} restarts, {r['scored_ranks']} ranks scored"
+            for r in normal
+        ),
         f"(1b) spread: on {on.fmt(2)}, off {off.fmt(2)} steps/s; step {step_s * 1e3:.1f} ms",
     ]
     return Result(

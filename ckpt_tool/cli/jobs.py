@@ -104,7 +104,9 @@ def run(
     ),
     straggler_steps: int = typer.Option(5, "--straggler-steps", min=1, help="Steps in a row a rank stays slow before it is reported."),
     straggler_seconds: float = typer.Option(
-        5.0, "--straggler-seconds", help="... and for at least this long: a hiccup of the machine ends sooner (0: steps alone)."
+        5.0,
+        "--straggler-seconds",
+        help="Rolling medians span at least this many seconds of steps: a passing slowdown of the machine moves them by nothing (0: 5 steps).",
     ),
     straggler_suspect: bool = typer.Option(
         False,
@@ -128,7 +130,7 @@ def run(
 
     timeouts = TimeoutPolicy(overrides=_parse_timeouts(timeout))
     try:
-        stragglers = StragglerPolicy(threshold=straggler_threshold, consecutive=straggler_steps, persist_s=straggler_seconds)
+        stragglers = StragglerPolicy(threshold=straggler_threshold, consecutive=straggler_steps, window_s=straggler_seconds)
     except ValueError as exc:
         raise CkptError(
             str(exc),

@@ -8,23 +8,26 @@ synchronising collective. The same collective gives every rank the others' value
 scored quantity at that step, so a rank knows the median of its peers, and a node's watchdog
 scores its own ranks against the whole job without any extra message.
 
-Scores are ratios of rolling medians over ``window`` steps, 0..1 (1: not slower than its peers;
-NVIDIA's resiliency extension scores alike, with the best rank as the reference; the median of
-the peers is not moved by one lucky rank):
+Scores are ratios of rolling medians, 0..1 (1: not slower than its peers; NVIDIA's resiliency
+extension scores alike, with the best rank as the reference; the median of the peers is not
+moved by one lucky rank):
 
 - relative: the median of the other ranks / this rank's (a rank 1.5x slower scores 0.67);
 - individual: this rank's best rolling median so far / its current one (a rank that slowed down).
 
-A rank is a straggler in a quantity when its relative score stays below ``threshold`` for
-``consecutive`` steps in a row, and for at least ``persist_s`` seconds of those steps, and its
-excess over its peers is worth telling (at least ``min_share`` of its step's wall time and
-``min_seconds``): a single stall (one slow batch, a checkpoint) moves a rolling median by
-nothing, and a hiccup of the machine (a virtual CPU stolen or slowed for a second, a neighbour's
-burst) ends before ``persist_s``; a throttled GPU or a bad link does not. Detection bound: a
-rank that becomes slow at step s is reported by step s + ``window // 2 + 1 + n - 1``, n =
-``consecutive`` or the steps that fill ``persist_s``, whichever is more (the median turns, then
-the run of steps), plus the one step a beat carries its timing late. ``checkpoint`` is measured
-but not scored: rank 0 commits, so it is slower there by design.
+A rolling median covers the last ``window`` steps and at least ``window_s`` seconds of steps
+(at most ``max_window`` steps), and a rank is scored once its window is full. In seconds, not
+only steps: a passing slowdown of the machine (a virtual CPU stolen or slowed for a second, a
+neighbour's burst) shorter than half of it moves the median by nothing, whatever the step time
+(with 0.06 s steps, 5 steps are 0.3 s, and a healthy rank once looked 1.33x slower for 5 steps
+in a row in a CI run); and a median over many steps is steady where one over 5 short steps is
+noise. A rank is a straggler in a quantity when its relative score stays below ``threshold``
+for ``consecutive`` steps in a row and its excess over its peers is worth telling (at least
+``min_share`` of its step's wall time and ``min_seconds``): a single stall (one slow batch, a
+checkpoint) moves no median. Detection bound: ``StragglerPolicy.bound_steps`` (8 steps when 5
+steps span 5 s; with shorter steps, the steps that fill 5 s plus 5), the one step a beat carries
+its timing late included. ``checkpoint`` is measured but not scored: rank 0 commits, so it is
+slower there by design.
 """
 
 from __future__ import annotations
@@ -88,9 +91,10 @@ class StepTiming:
 @dataclass(frozen=True)
 class StragglerPolicy:
     threshold: float = 0.75  # relative score below this is slow: 1.33x the peers' median
-    window: int = 5  # steps in a rolling median
+    window: int = 5  # steps in a rolling median, at least ...
+    window_s: float = 5.0  # ... and at least this many seconds of steps (each counts up to window_s / window)
+    max_window: int = 256  # ... and at most this many steps (the watchdog's cost: steps of ms)
     consecutive: int = 5  # steps in a row below the threshold before it is reported
-    persist_s: float = 5.0  # ... lasting at least this long (the sum of those steps' wall times)
     warmup: int = 3  # first steps of each attempt are not scored (allocation, compilation, resume)
     min_share: float = 0.05  # excess over the peers worth telling, as a share of the step's wall time
     min_seconds: float = 0.002
@@ -98,16 +102,29 @@ class StragglerPolicy:
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 1:
             raise ValueError(f"straggler threshold must be between 0 and 1 (a relative score), got {self.threshold}")
-        if self.window < 1 or self.consecutive < 1 or self.warmup < 0:
-            raise ValueError("straggler window and consecutive must be >= 1 and warmup >= 0")
-        if not 0 <= self.persist_s < 1e6:
-            raise ValueError(f"straggler seconds must be 0 or more (how long a rank stays slow), got {self.persist_s}")
+        if self.window < 1 or self.consecutive < 1 or self.warmup < 0 or self.max_window < self.window:
+            raise ValueError("straggler window and consecutive must be >= 1, warmup >= 0, max_window >= window")
+        if not 0 <= self.window_s < 1e6:
+            raise ValueError(f"straggler seconds must be 0 or more (the span of a rolling median), got {self.window_s}")
 
     def bound_steps(self, step_s: float) -> int:
         """Steps from the first slow step to the report, at most (the beat's one step included),
-        when the job's steps take ``step_s`` seconds once the rank is slow."""
-        filling = math.ceil(self.persist_s / step_s) if step_s > 0 else self.consecutive
-        return self.window // 2 + max(self.consecutive, filling) + 1
+        when the job's steps take ``step_s`` seconds once the rank is slow. The median turns when
+        more than half the window is slow steps: after ``window // 2 + 1`` when ``window`` steps
+        span ``window_s``; otherwise by the time slow steps alone fill ``window_s`` (sooner, as
+        the faster steps before them leave the window)."""
+        filling = math.ceil(self.window_s / self.counted(step_s)) if step_s > 0 else self.max_window
+        turned = self.window // 2 + 1 if filling <= self.window else min(filling, self.max_window)
+        return turned + self.consecutive
+
+    def counted(self, wall: float) -> float:
+        """A step's seconds in a window's span: a long stall counts as ``window`` steps' share,
+        lest one 20 s step shrink the window back to 5 steps."""
+        return min(wall, self.window_s / self.window)
+
+    def full(self, steps: int, seconds: float) -> bool:
+        """Whether a window of ``steps`` steps spanning ``seconds`` is enough to judge by."""
+        return steps >= self.max_window or (steps >= self.window and seconds >= self.window_s)
 
 
 @dataclass(frozen=True)
@@ -170,8 +187,9 @@ class Finding:
 class _Rank:
     recent: deque[StepTiming]
     seen: int = 0
+    span: float = 0.0  # seconds of steps in ``recent`` (``StragglerPolicy.counted``)
+    full: bool = False  # its window has been full: it is scored
     below: dict[str, int] = field(default_factory=dict)
-    below_s: dict[str, float] = field(default_factory=dict)  # the wall time of those steps
     flagged: set[str] = field(default_factory=set)
     best_own: dict[str, float] = field(default_factory=dict)  # lowest rolling median so far
 
@@ -189,12 +207,16 @@ class StragglerDetector:
 
     def observe(self, rank: int, timing: StepTiming) -> list[Finding]:
         p = self.policy
-        r = self.ranks.setdefault(rank, _Rank(deque(maxlen=p.window)))
+        r = self.ranks.setdefault(rank, _Rank(deque()))
         r.seen += 1
         if r.seen <= p.warmup:
             return []
         r.recent.append(timing)
-        if len(r.recent) < p.window:
+        r.span += p.counted(timing.wall)
+        while len(r.recent) > p.max_window or p.full(len(r.recent) - 1, r.span - p.counted(r.recent[0].wall)):
+            r.span -= p.counted(r.recent.popleft().wall)  # the shortest window that is still full
+        r.full = r.full or p.full(len(r.recent), r.span)
+        if not r.full:
             return []
         wall = median(t.wall for t in r.recent)
         found = []
@@ -203,12 +225,12 @@ class StragglerDetector:
             if own <= 0 or peers is None:
                 continue
             r.best_own[q] = min(r.best_own.get(q, own), own)
-            slow = peers / own < p.threshold and own - peers >= max(p.min_seconds, p.min_share * wall)
+            score = peers / own
+            slow = score < p.threshold and own - peers >= max(p.min_seconds, p.min_share * wall)
             r.below[q] = r.below.get(q, 0) + 1 if slow else 0
-            r.below_s[q] = r.below_s.get(q, 0.0) + timing.wall if slow else 0.0
-            if slow and r.below[q] >= p.consecutive and r.below_s[q] >= p.persist_s and q not in r.flagged:
+            if slow and r.below[q] >= p.consecutive and q not in r.flagged:
                 r.flagged.add(q)
-                found.append(Finding("straggler", rank, q, timing.step, own, peers, peers / own, r.below[q]))
+                found.append(Finding("straggler", rank, q, timing.step, own, peers, score, r.below[q]))
             elif not slow and q in r.flagged:
                 r.flagged.discard(q)
                 found.append(Finding("straggler_cleared", rank, q, timing.step, own, peers, min(1.0, peers / own), 0))
@@ -221,10 +243,10 @@ class StragglerDetector:
         return own, median(peers) if peers else None
 
     def scores(self) -> list[RankScore]:
-        """Each scored rank's standing (ranks still in warm-up are left out)."""
+        """Each scored rank's standing (ranks whose window has not yet filled are left out)."""
         out = []
         for rank, r in sorted(self.ranks.items()):
-            if not r.recent:
+            if not r.full:
                 continue
             scored = []
             for q in SCORED:

@@ -74,6 +74,7 @@ def assert_identical_to_reference(reference_run, s: Supervised) -> None:
 
 
 def assert_no_straggler(s: Supervised) -> None:
-    """A normal run (restarts, checkpoints, a data stall) names no straggler and no idle GPU."""
+    """A normal run (restarts, checkpoints, a data stall) names no straggler and no idle GPU (a
+    run shorter than 5 s of steps after its warm-up is not scored for stragglers at all)."""
     false_alarms = [e for e in s.events() if e["event"] in ("straggler", "gpu_idle", "gpu_error")]
     assert not false_alarms, false_alarms

@@ -1,12 +1,13 @@
 """`ckpt run` (2 ranks of the reference recipe) with a rank made slow, and with the fake NVML:
 stragglers and GPUs are reported with their rank and node, and a GPU hardware error ends the
-round after a checkpoint. The "no straggler in a normal run" checks sit in test_run_watchdog's
-runs (a restart, slow checkpoints and a data stall, a requeue)."""
+round after a checkpoint; a normal run (checkpoints, a data stall, a restart), scored for
+seconds in each attempt, names none."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,8 +20,9 @@ from ckpt_tool.errors import ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import read_events
 from ckpt_tool.supervise.health import node_name
+from ckpt_tool.supervise.rank_health import read_rank_health
 
-from .conftest import assert_identical_to_reference
+from .conftest import assert_identical_to_reference, assert_no_straggler
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +55,28 @@ def test_a_slow_rank_is_named_within_the_bound_and_the_training_is_unchanged(ref
     assert ranks[1]["compute_s"] > 2 * ranks[0]["compute_s"] and ranks[0]["wait_s"] > ranks[1]["wait_s"]
     [node] = report["health"]["nodes"]
     assert node["stragglers"] == 1 and node["flagged"] is None and report["health"]["suspects"] == []  # counted, not acted on
+
+
+def test_a_normal_run_scored_for_seconds_names_no_straggler(supervised):
+    """The default policy (rolling medians over at least 5 s of steps) on a run long enough to
+    be scored in both of its attempts: checkpoints every 10 steps (rank 0 commits), a 6 s data
+    stall of rank 0 at step 80, rank 1 SIGKILLed at step 120, the restart and resume. The ranks
+    were scored before the kill and after the restart (their windows full), and no straggler,
+    idle GPU or GPU error is named. (The shorter runs of test_run_watchdog end before 5 s of
+    steps: their windows never fill.)"""
+    s = supervised("--data-stall-at-step", "80", "--data-stall-s", "6", steps=200, save_every=10).start()
+    s.wait_for_step(120, timeout=180)
+    before = read_rank_health(s.run_dir)
+    assert [(r["rank"], r["node"]) for r in before] == [(0, node_name()), (1, node_name())], before  # scored in attempt 0
+    victim = s.rank_list()[-1]
+    victim.send_signal(signal.SIGKILL)
+    assert s.wait() == ExitCode.OK, s.log_tail()
+    events = s.events()
+    assert any(e["event"] == "restarted" for e in events)
+    assert_no_straggler(s)
+    after = json.loads((s.run_dir / f"rank_health.{node_name()}.json").read_text())
+    assert after["attempt"] == 1 and [r["rank"] for r in after["ranks"]] == [0, 1], after  # scored after the restart
+    assert all(0.75 < r["score"] <= 1 for r in after["ranks"]), after
 
 
 def test_an_idle_gpu_is_reported_and_an_xid_ends_the_round_after_a_checkpoint(supervised, tmp_path):

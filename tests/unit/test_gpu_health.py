@@ -60,7 +60,7 @@ def test_without_nvml_the_reason_is_said(monkeypatch):
 def test_the_rank_health_view_reads_the_fake_gpus_scores_ranks_and_writes_its_file(tmp_path):
     gpus = tmp_path / "nvml.json"
     gpus.write_text(json.dumps({"gpus": [{"index": 0, "util": 0}, {"index": 1, "util": 100}, {"index": 2, "util": 97}]}))
-    view = RankHealth(tmp_path, "n1", StragglerPolicy(warmup=0, window=1, consecutive=1, persist_s=0), FakeReader(gpus), "0,1,2")
+    view = RankHealth(tmp_path, "n1", StragglerPolicy(warmup=0, window=1, consecutive=1, window_s=0), FakeReader(gpus), "0,1,2")
     found = []
     for t in range(4):
         found += view.poll(float(t), {10: 0, 11: 1, 12: 2})
