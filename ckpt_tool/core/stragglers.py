@@ -113,7 +113,10 @@ class StragglerPolicy:
         more than half the window is slow steps: after ``window // 2 + 1`` when ``window`` steps
         span ``window_s``; otherwise by the time slow steps alone fill ``window_s`` (sooner, as
         the faster steps before them leave the window)."""
-        filling = math.ceil(self.window_s / self.counted(step_s)) if step_s > 0 else self.max_window
+        if self.window_s == 0:
+            filling = self.window
+        else:
+            filling = math.ceil(self.window_s / self.counted(step_s)) if step_s > 0 else self.max_window
         turned = self.window // 2 + 1 if filling <= self.window else min(filling, self.max_window)
         return turned + self.consecutive
 
