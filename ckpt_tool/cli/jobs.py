@@ -160,6 +160,7 @@ def run(
         straggler_suspect=straggler_suspect,
         gpu_monitor=gpu_monitor,
     )
+    _check_training_command(command)
     if as_json:
         code = Watchdog(cfg, report=lambda record: print(json.dumps(record, default=str), flush=True)).run()
     elif err.is_terminal:
@@ -172,19 +173,41 @@ def run(
     raise typer.Exit(code)
 
 
-def _check_importable(modules: list[str]) -> None:
-    """A ``--warm-import`` typo is a usage error now, not a spare maker that dies at every start.
-    Only the top-level package is looked up (finding a submodule imports its parents)."""
-    import importlib.util
+def _module_found(name: str) -> bool:
+    """Whether the top-level package of ``name`` is importable by the ranks' Python, which runs
+    ``-m`` from this directory (finding a submodule would import its parents: not done)."""
+    from importlib.machinery import PathFinder
 
+    top = name.split(".")[0]
+    return top.isidentifier() and (top in sys.builtin_module_names or PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is not None)
+
+
+def _check_importable(modules: list[str]) -> None:
+    """A ``--warm-import`` typo is a usage error now, not a spare maker that dies at every start."""
     for name in modules:
-        top = name.split(".")[0]
-        if not top.isidentifier() or importlib.util.find_spec(top) is None:
+        if not _module_found(name):
             raise CkptError(
-                f"--warm-import {name}: no module {top!r} for this Python ({sys.executable})",
+                f"--warm-import {name}: no module {name.split('.')[0]!r} for this Python ({sys.executable})",
                 "give a module the training script itself imports (importable here), or leave --warm-import out",
                 ExitCode.USAGE,
             )
+
+
+def _check_training_command(command: list[str]) -> None:
+    """A mistyped module or script fails every rank at once, and torchrun restarts them all
+    ``--max-restarts`` times, each with its traceback: say so before anything starts."""
+    if command[0] == "-m" and len(command) > 1 and not _module_found(command[1]):
+        raise CkptError(
+            f"no module {command[1].split('.')[0]!r} for this Python ({sys.executable}), run from {os.getcwd()}",
+            "check the name after -m, or run ckpt run from the directory the module is in (or put it on PYTHONPATH)",
+            ExitCode.USAGE,
+        )
+    if command[0].endswith(".py") and not Path(command[0]).is_file():
+        raise CkptError(
+            f"no training script {command[0]} (from {os.getcwd()})",
+            "give the script's path, relative to this directory or absolute, e.g. ckpt run -- train.py --steps 100",
+            ExitCode.USAGE,
+        )
 
 
 def _status_line(status: dict[str, Any]) -> str:

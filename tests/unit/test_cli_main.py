@@ -127,3 +127,28 @@ def test_a_straggler_policy_that_cannot_work_is_refused_before_anything_starts(c
     assert code == 2 and expected in " ".join(err.split()), err
     assert "hint:" in err or "Invalid value" in err  # ours says what to use; typer's names the range
     assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["-m", "no_such_module_xyz", "--steps", "9"], "no module 'no_such_module_xyz'"),
+        (["-m", "no_such_module_xyz.train"], "no module 'no_such_module_xyz'"),
+        (["trian.py", "--steps", "9"], "no training script trian.py"),
+    ],
+)
+def test_a_mistyped_training_module_or_script_is_refused_before_anything_starts(capsys, tmp_path, monkeypatch, command, expected):
+    """Else every rank fails at import, and torchrun restarts them all --max-restarts times."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = ckpt(capsys, "run", "--run-dir", str(tmp_path / "run"), "--", *command)
+    assert code == 2 and expected in " ".join(err.split()) and "hint:" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_training_module_next_to_the_user_is_found_as_torchrun_will(tmp_path, monkeypatch):
+    from ckpt_tool.cli.jobs import _module_found
+
+    (tmp_path / "mytrain.py").write_text("print('training')\n")
+    monkeypatch.chdir(tmp_path)
+    assert _module_found("mytrain") and _module_found("ckpt_tool.recipes.tiny_gpt") and _module_found("json")
+    assert not _module_found("no_such_module_xyz") and not _module_found("not-a-name")
