@@ -104,8 +104,8 @@ class StragglerPolicy:
             raise ValueError(f"straggler threshold must be between 0 and 1 (a relative score), got {self.threshold}")
         if self.window < 1 or self.consecutive < 1 or self.warmup < 0 or self.max_window < self.window:
             raise ValueError("straggler window and consecutive must be >= 1, warmup >= 0, max_window >= window")
-        if not 0 <= self.window_s < 1e6:
-            raise ValueError(f"straggler seconds must be 0 or more (the span of a rolling median), got {self.window_s}")
+        if not 0 <= self.window_s <= 3600:
+            raise ValueError(f"straggler seconds must be between 0 and 3600 (the span of a rolling median), got {self.window_s}")
 
     def bound_steps(self, step_s: float) -> int:
         """Steps from the first slow step to the report, at most (the beat's one step included),

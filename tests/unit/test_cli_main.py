@@ -117,8 +117,9 @@ def test_note_into_a_run_dir_that_cannot_be_made_is_a_usage_error(capsys, tmp_pa
     [
         (["--straggler-threshold", "1.5"], "between 0 and 1"),
         (["--straggler-threshold", "nan"], "between 0 and 1"),
-        (["--straggler-seconds", "-1"], "straggler seconds must be 0 or more"),
-        (["--straggler-seconds", "inf"], "straggler seconds must be 0 or more"),
+        (["--straggler-seconds", "-1"], "straggler seconds must be between 0 and 3600"),
+        (["--straggler-seconds", "inf"], "straggler seconds must be between 0 and 3600"),
+        (["--straggler-seconds", "1e9"], "straggler seconds must be between 0 and 3600"),
         (["--straggler-steps", "0"], "--straggler-steps"),
     ],
 )
