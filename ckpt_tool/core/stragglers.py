@@ -191,7 +191,6 @@ class _Rank:
     recent: deque[StepTiming]
     seen: int = 0
     span: float = 0.0  # seconds of steps in ``recent`` (``StragglerPolicy.counted``)
-    full: bool = False  # its window has been full: it is scored
     below: dict[str, int] = field(default_factory=dict)
     flagged: set[str] = field(default_factory=set)
     best_own: dict[str, float] = field(default_factory=dict)  # lowest rolling median so far
@@ -217,9 +216,8 @@ class StragglerDetector:
         r.recent.append(timing)
         r.span += p.counted(timing.wall)
         while len(r.recent) > p.max_window or p.full(len(r.recent) - 1, r.span - p.counted(r.recent[0].wall)):
-            r.span -= p.counted(r.recent.popleft().wall)  # the shortest window that is still full
-        r.full = r.full or p.full(len(r.recent), r.span)
-        if not r.full:
+            r.span -= p.counted(r.recent.popleft().wall)  # the shortest window that is still full: once full, it stays so
+        if not self._full(r):
             return []
         wall = median(t.wall for t in r.recent)
         found = []
@@ -236,8 +234,11 @@ class StragglerDetector:
                 found.append(Finding("straggler", rank, q, timing.step, own, peers, score, r.below[q]))
             elif not slow and q in r.flagged:
                 r.flagged.discard(q)
-                found.append(Finding("straggler_cleared", rank, q, timing.step, own, peers, min(1.0, peers / own), 0))
+                found.append(Finding("straggler_cleared", rank, q, timing.step, own, peers, min(1.0, score), 0))
         return found
+
+    def _full(self, r: _Rank) -> bool:
+        return self.policy.full(len(r.recent), r.span)
 
     def _medians(self, r: _Rank, quantity: str) -> tuple[float, float | None]:
         """(this rank's median, its peers' median or None when no peer had the quantity)."""
@@ -249,7 +250,7 @@ class StragglerDetector:
         """Each scored rank's standing (ranks whose window has not yet filled are left out)."""
         out = []
         for rank, r in sorted(self.ranks.items()):
-            if not r.full:
+            if not self._full(r):
                 continue
             scored = []
             for q in SCORED:

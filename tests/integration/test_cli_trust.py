@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.store.store import CheckpointStore
 
 from ..as_nobody import as_nobody, cli_as_nobody
+from .conftest import ckpt_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -362,7 +362,7 @@ def test_human_output_has_no_python_reprs(ckpt, capsys):
 
 # ------------------------------------------------------------------ output that fits a pipe
 def test_piped_list_gives_whole_lines_grep_can_count(ckpt):
-    proc = subprocess.run([sys.executable, "-m", "ckpt_tool.cli.main", "list", str(ckpt)], capture_output=True, text=True, timeout=120)
+    proc = ckpt_cli("list", ckpt, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split("\t")[:3] == ["step", "status", "latest"]
@@ -370,7 +370,5 @@ def test_piped_list_gives_whole_lines_grep_can_count(ckpt):
     assert sum("committed" in line for line in lines) == 4  # `ckpt list DIR | grep -c committed`
     assert "…" not in proc.stdout and "┃" not in proc.stdout
     assert lines[-1].split("\t")[-1] == "step_00000020"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_tool.cli.main", "validate", str(ckpt), "--all"], capture_output=True, text=True, timeout=120
-    )
+    proc = ckpt_cli("validate", ckpt, "--all", timeout=120)
     assert proc.returncode == 0 and proc.stdout.count(": valid (") == 4

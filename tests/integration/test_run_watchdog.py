@@ -18,7 +18,7 @@ from ckpt_tool.recipes.launch import read_metrics
 from ckpt_tool.store.store import CheckpointStore
 
 from ..conftest import SAVE_EVERY
-from .conftest import assert_identical_to_reference, assert_no_straggler
+from .conftest import assert_identical_to_reference, assert_no_straggler, ckpt_cli, ckpt_json
 
 pytestmark = pytest.mark.slow
 
@@ -41,25 +41,8 @@ def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, superv
     assert_no_straggler(s)
     # the story as a picture: the loss by step with the failure marked where it happened
     pytest.importorskip("matplotlib")
-    drawn = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ckpt_tool.cli.main",
-            "history",
-            str(s.run_dir),
-            "--plot",
-            str(s.root / "story.png"),
-            "--metrics",
-            str(s.metrics),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert drawn.returncode == 0, drawn.stderr
-    assert json.loads(drawn.stdout)["plot"] == str(s.root / "story.png")
+    drawn = ckpt_json("history", s.run_dir, "--plot", s.root / "story.png", "--metrics", s.metrics, "--json", timeout=120)
+    assert drawn["plot"] == str(s.root / "story.png")
     assert (s.root / "story.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -174,10 +157,7 @@ def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervis
     assert [e["event"] for e in s.events()][-1] == "finished"
     printed = [json.loads(line) for line in s.log_tail().splitlines() if line.startswith('{"')]  # --json: one event per line
     assert [e["event"] for e in printed][-1] == "finished" and printed == s.events()[-len(printed) :]
-    status = subprocess.run(
-        [sys.executable, "-m", "ckpt_tool.cli.main", "status", str(s.ckpt), "--json"], capture_output=True, text=True, timeout=60
-    )
-    report = json.loads(status.stdout)
+    report = ckpt_json("status", s.ckpt, "--json", timeout=60)
     assert report["run_dir"] == str(s.ckpt / "run") and report["newest_checkpoint"] == 6
     assert [e["event"] for e in report["last_events"]][-1] == "finished"
     no_dir = subprocess.run(
@@ -191,23 +171,7 @@ def test_the_run_directory_is_ckpt_dir_run_for_ckpt_run_and_ckpt_status(supervis
 
 
 def test_a_warm_import_that_does_not_exist_is_a_usage_error_before_anything_starts(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ckpt_tool.cli.main",
-            "run",
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--warm-import",
-            "no_such_module_xyz",
-            "--",
-            "t.py",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = ckpt_cli("run", "--run-dir", tmp_path / "run", "--warm-import", "no_such_module_xyz", "--", "t.py", timeout=60)
     assert done.returncode == ExitCode.USAGE
     assert "--warm-import no_such_module_xyz: no module 'no_such_module_xyz'" in done.stderr and "leave --warm-import out" in done.stderr
     assert not (tmp_path / "run" / "events.jsonl").exists()

@@ -22,20 +22,12 @@ from ckpt_tool.supervise.events import read_events
 from ckpt_tool.supervise.health import node_name
 from ckpt_tool.supervise.rank_health import read_rank_health
 
-from .conftest import assert_identical_to_reference, assert_no_straggler
+from .conftest import assert_identical_to_reference, assert_no_straggler, ckpt_json
 
 pytestmark = pytest.mark.slow
 
 SLOW_FROM = 10
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def status_json(ckpt_dir) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "ckpt_tool.cli.main", "status", str(ckpt_dir), "--json"], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def test_a_slow_rank_is_named_within_the_bound_and_the_training_is_unchanged(reference_run, supervised):
@@ -49,7 +41,7 @@ def test_a_slow_rank_is_named_within_the_bound_and_the_training_is_unchanged(ref
     # the bound for steps at least as long as the slow rank's compute (~0.35 s: 5 s in 15 steps, 18)
     assert delay + 1 <= StragglerPolicy().bound_steps(found["time_s"]), found
     assert_identical_to_reference(reference_run, s)  # a slow rank slows the job, it changes no number
-    report = status_json(s.run_dir)
+    report = ckpt_json("status", s.run_dir, "--json", timeout=60)
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[1]["straggler"] and ranks[1]["node"] == node_name() and not ranks[0]["straggler"]
     assert ranks[1]["compute_s"] > 2 * ranks[0]["compute_s"] and ranks[0]["wait_s"] > ranks[1]["wait_s"]
