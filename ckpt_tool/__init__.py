@@ -27,6 +27,8 @@ _EXPORTS = {
     "Mesh": "ckpt_tool.core.mesh",
     "from_device_mesh": "ckpt_tool.training.mesh",
     "clip_grad_norm": "ckpt_tool.training.grad_norm",
+    "GlobalSampler": "ckpt_tool.training.sampler",
+    "micro_batch_indices": "ckpt_tool.training.sampler",
 }
 __all__ = [
     "__version__",
@@ -44,6 +46,8 @@ __all__ = [
     "Mesh",
     "from_device_mesh",
     "clip_grad_norm",
+    "GlobalSampler",
+    "micro_batch_indices",
 ]
 
 

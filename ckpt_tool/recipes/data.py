@@ -1,4 +1,4 @@
-"""The reference recipe's data: a deterministic corpus and a sampler whose position is global.
+"""The reference recipe's data: a deterministic corpus; its sampler is the public ``ckpt_tool.GlobalSampler``.
 
 Each step takes one global batch of the epoch's permutation; data-parallel rank ``r`` takes its
 micro-batches as contiguous slices of it (``core.reshard.step_slices``), so every rank of one
@@ -8,13 +8,12 @@ mesh neither skips nor repeats a sample.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from ckpt_tool.core.batch import BatchConfig
-from ckpt_tool.core.reshard import micro_batch_slice
 from ckpt_tool.recipes.gpt_model import GPTConfig
+from ckpt_tool.training.sampler import GlobalSampler, micro_batch_indices
+
+__all__ = ["Corpus", "GlobalSampler", "make_corpus", "micro_batch_indices", "probe_batch"]
 
 
 def make_corpus(n_tokens: int, vocab: int, seed: int) -> torch.Tensor:
@@ -33,44 +32,6 @@ def make_corpus(n_tokens: int, vocab: int, seed: int) -> torch.Tensor:
         tok = random_tokens[i] if noisy[i] else successors[tok][choices[i]]
         out[i] = tok
     return torch.tensor(out, dtype=torch.long)
-
-
-class GlobalSampler:
-    """Shuffled order over the samples of an epoch, consumed a global batch at a time.
-
-    The state is (epoch, position): how many samples of this epoch's permutation the whole job
-    has consumed. It does not depend on the world size, so a resume at another world size maps
-    onto it without skipping or repeating a sample.
-    """
-
-    def __init__(self, n_samples: int, seed: int) -> None:
-        self.n_samples, self.seed = n_samples, seed
-        self.epoch, self.position = 0, 0
-        self._perm = self._permutation()
-
-    def _permutation(self) -> torch.Tensor:
-        return torch.randperm(self.n_samples, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
-
-    def next_global_batch(self, size: int) -> torch.Tensor:
-        if self.position + size > self.n_samples:  # drop the incomplete tail, next epoch
-            self.epoch, self.position = self.epoch + 1, 0
-            self._perm = self._permutation()
-        batch = self._perm[self.position : self.position + size]
-        self.position += size
-        return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._perm = self._permutation()
-
-
-def micro_batch_indices(global_batch: torch.Tensor, batch: BatchConfig, dp_rank: int, micro: int) -> torch.Tensor:
-    """The samples data-parallel rank ``dp_rank`` uses in accumulation step ``micro``: a contiguous slice."""
-    start, end = micro_batch_slice(batch, dp_rank, micro)
-    return global_batch[start:end]
 
 
 class Corpus:
