@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 
 import typer
 
-from ckpt_tool.cli.output import Column, out, print_json, print_table
-from ckpt_tool.core.interval import DAY_S, IntervalPlan, TwoTierPlan, plan_interval, plan_two_tier, waste_table
+from ckpt_tool.cli.output import Column, escape, out, print_json, print_table
+from ckpt_tool.core.interval import (
+    DAY_S,
+    MIN_GOODPUT,
+    IntervalPlan,
+    StepTime,
+    TwoTierPlan,
+    measured_step_time,
+    plan_interval,
+    plan_two_tier,
+    waste_table,
+)
 from ckpt_tool.errors import CkptError, ExitCode
 
 
@@ -23,25 +32,25 @@ def _positive(option: str, value: float | None, allow_zero: bool = False) -> Non
         )
 
 
-def _step_seconds(run_dir: Path) -> float:
-    """Median step duration `ckpt run` observed in this run directory."""
-    from ckpt_tool.supervise.durations import DURATIONS_NAME, read_durations
+def _measured_step(target: Path, checkpoint_s: float) -> StepTime:
+    """The step time the ranks measured in this run (checkpoint or run directory), and its source."""
+    from ckpt_tool.cli.runs import locate
+    from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.supervise.rank_health import read_rank_health
 
-    if not run_dir.is_dir():
+    run_dir, ckpt_dir = locate(target, "--run-dir", job_id_too=False)
+    commits = []
+    if ckpt_dir is not None and ckpt_dir.is_dir():
+        commits = [dict(e.data) for e in CheckpointStore(ckpt_dir).events() if e.event == "commit"]
+    found = measured_step_time(read_rank_health(run_dir) if run_dir.is_dir() else [], commits, checkpoint_s)
+    if found is None:
         raise CkptError(
-            f"--run-dir {run_dir} is not a directory",
-            "pass the run directory of `ckpt run` (CKPT_DIR/run), or --step-seconds",
+            f"{target} holds no measured step time: no rank step timings (rank_health.*.json) in {run_dir}, "
+            f"and fewer than two commits of one run in {ckpt_dir / 'index.jsonl' if ckpt_dir else 'its checkpoint index'}",
+            "give --step-seconds, or point --run-dir at a run that trained longer under `ckpt run`",
             ExitCode.NOT_FOUND,
         )
-    durations = read_durations(run_dir)
-    steps = [s for s in (durations.durations.get("step", []) if durations else []) if s > 0.001]  # phase switches record near-zero spans
-    if not steps:
-        raise CkptError(
-            f"{run_dir} holds no measured step time ({DURATIONS_NAME} missing or without steps)",
-            "run the job under `ckpt run` first, or give --step-seconds",
-            ExitCode.NOT_FOUND,
-        )
-    return statistics.median(steps)
+    return found
 
 
 def plan(
@@ -54,7 +63,10 @@ def plan(
     ),
     step_seconds: float | None = typer.Option(None, "--step-seconds", help="Seconds per training step (default: measured in --run-dir)."),
     run_dir: Path | None = typer.Option(
-        None, "--run-dir", help="A `ckpt run` directory: its measured step time converts the interval into steps."
+        None,
+        "--run-dir",
+        help="A checkpoint directory or its run/ directory: the step time its ranks measured (their step timings, "
+        "else the spacing of its commits) converts the interval into steps.",
     ),
     local_seconds: float | None = typer.Option(
         None, "--local-seconds", help="With a fast tier: seconds one node-local save costs the training (models both tiers)."
@@ -65,7 +77,7 @@ def plan(
     local_covers: float = typer.Option(
         0.9, "--local-covers", help="Share of failures the fast tier recovers (those that take no more nodes than it has copies)."
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Recommend a checkpoint interval (Young/Daly) and show goodput and waste per day around it;
     with --local-seconds, the intervals of a fast tier and the shared one and what the fast tier buys."""
@@ -90,12 +102,18 @@ def plan(
             "--step-seconds and --run-dir exclude each other", "give the step time, or the run directory to measure it from", ExitCode.USAGE
         )
     mtbf_s = (mtbf_hours if mtbf_hours is not None else gpu_mtbf_hours / gpus) * 3600  # type: ignore[operator]
+    measured: StepTime | None = None
     if run_dir is not None:
-        step_seconds = _step_seconds(run_dir)
+        measured = _measured_step(run_dir, local_seconds if local_seconds is not None else ckpt_seconds)
+        step_seconds = measured.seconds
+    step_source = {"step_seconds_source": measured.source if measured else ("--step-seconds" if step_seconds is not None else None)}
     if local_seconds is not None:
         local_restart = restart_seconds if local_restart_seconds is None else local_restart_seconds
         _print_two_tier(
-            plan_two_tier(ckpt_seconds, local_seconds, mtbf_s, restart_seconds, local_restart, local_covers, step_seconds), as_json
+            plan_two_tier(ckpt_seconds, local_seconds, mtbf_s, restart_seconds, local_restart, local_covers, step_seconds),
+            as_json,
+            measured,
+            step_source,
         )
         return
     p = plan_interval(ckpt_seconds, mtbf_s, restart_seconds, step_seconds)
@@ -105,16 +123,22 @@ def plan(
                 "interval_seconds": round(p.interval_s, 3),
                 "interval_steps": p.interval_steps,
                 "step_seconds": step_seconds,
+                **step_source,
                 "expected_goodput": round(p.goodput, 6),
+                "works": p.works,
                 "young_seconds": round(p.young_s, 3),
                 "mtbf_seconds": mtbf_s,
             }
         )
         return
-    steps = f" = {p.interval_steps} steps of {p.step_s:.3g} s" if p.interval_steps else ""
-    out.print(
-        f"checkpoint every [bold]{p.interval_s / 60:.1f} min[/] of training{steps} (Young: {p.young_s / 60:.1f} min); expected goodput {p.goodput:.1%}"
-    )
+    _print_measured(measured)
+    if not p.works:
+        out.print(_no_interval(p.goodput, f"a checkpoint of {ckpt_seconds:g} s", restart_seconds, mtbf_s))
+    else:
+        steps = f" = {p.interval_steps} steps of {p.step_s:.3g} s" if p.interval_steps else ""
+        out.print(
+            f"checkpoint every [bold]{p.interval_s / 60:.1f} min[/] of training{steps} (Young: {p.young_s / 60:.1f} min); expected goodput {p.goodput:.1%}"
+        )
     rows = waste_table(p)
     worst = max(r[2] for r in rows) or 1.0
     print_table(
@@ -126,7 +150,7 @@ def plan(
         ],
         [
             (
-                f"{tau / 60:.1f} min" + (" *" if tau == p.interval_s else ""),
+                f"{tau / 60:.1f} min" + (" *" if tau == p.interval_s and p.works else ""),
                 f"{g:.2%}",
                 f"{waste:.2f}",
                 "#" * max(1, round(30 * waste / worst)),
@@ -137,15 +161,33 @@ def plan(
     )
 
 
+def _print_measured(measured: StepTime | None) -> None:
+    if measured is not None:
+        out.print(f"step time {measured.seconds:.3g} s, from the {measured.source}: {escape(measured.detail)}")
+
+
+def _no_interval(best: float, cost: str, restart_s: float, mtbf_s: float) -> str:
+    """The line that says no interval works (the best one keeps under ``MIN_GOODPUT`` for training)."""
+    return (
+        f"[bold red]no checkpoint interval works[/]: the best keeps {best:.2%} of the time for training (under {MIN_GOODPUT:.0%}) "
+        f"with {cost} and a restart of {restart_s:g} s against an MTBF of {mtbf_s / 3600:.3g} h; "
+        "make checkpoints cheaper (async saves, a fast tier: --local-seconds) or restarts faster, or the job's MTBF longer (fewer nodes)"
+    )
+
+
 def _every(p: IntervalPlan) -> str:
     steps = f" = {p.interval_steps} steps" if p.interval_steps else ""
     return f"{p.interval_s / 60:.1f} min{steps}"
 
 
-def _print_two_tier(t: TwoTierPlan, as_json: bool) -> None:
+def _print_two_tier(t: TwoTierPlan, as_json: bool, measured: StepTime | None, step_source: dict[str, str | None]) -> None:
+    works = t.goodput >= MIN_GOODPUT
     if as_json:
         print_json(
             {
+                "step_seconds": t.local.step_s,
+                **step_source,
+                "works": works,
                 "local_interval_seconds": round(t.local.interval_s, 3),
                 "local_interval_steps": t.local.interval_steps,
                 "shared_interval_seconds": round(t.shared.interval_s, 3),
@@ -160,11 +202,22 @@ def _print_two_tier(t: TwoTierPlan, as_json: bool) -> None:
             }
         )
         return
+    _print_measured(measured)
     gain = (t.goodput - t.shared_only.goodput) * DAY_S / 3600
-    out.print(
-        f"fast tier every [bold]{_every(t.local)}[/], shared tier every [bold]{_every(t.shared)}[/]: expected goodput {t.goodput:.2%} "
-        f"(shared tier alone, every {_every(t.shared_only)}: {t.shared_only.goodput:.2%}); the fast tier buys {(t.goodput - t.shared_only.goodput) * 100:.2f} points: {gain:.2f} h of every GPU's day"
-    )
+    if not works:
+        out.print(
+            _no_interval(
+                t.goodput,
+                f"checkpoints of {t.local.checkpoint_s:g} s (fast tier) / {t.shared.checkpoint_s:g} s (shared)",
+                t.shared.restart_s,
+                t.shared_only.mtbf_s,
+            )
+        )
+    else:
+        out.print(
+            f"fast tier every [bold]{_every(t.local)}[/], shared tier every [bold]{_every(t.shared)}[/]: expected goodput {t.goodput:.2%} "
+            f"(shared tier alone, every {_every(t.shared_only)}: {t.shared_only.goodput:.2%}); the fast tier buys {(t.goodput - t.shared_only.goodput) * 100:.2f} points: {gain:.2f} h of every GPU's day"
+        )
     print_table(
         [
             Column("plan"),

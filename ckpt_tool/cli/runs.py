@@ -18,19 +18,16 @@ from ckpt_tool.supervise.rank_health import read_rank_health
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of text.")
 
 
-def _locate(target: Path) -> tuple[Path, Path | None]:
+def locate(target: Path, what: str = "", job_id_too: bool = True) -> tuple[Path, Path | None]:
     """(run directory, checkpoint directory or None) from either: a checkpoint directory's run
-    directory is ``CKPT_DIR/run``; a run directory's checkpoint directory is its parent."""
+    directory is ``CKPT_DIR/run``; a run directory's checkpoint directory is its parent.
+    ``what`` names the option the path came from (``--run-dir``) in the message."""
+    named = f"{what} {target}" if what else str(target)
+    pass_one = "pass the --ckpt-dir of the run (or its run/ directory)" + (", or a job id" if job_id_too else "")
     if not target.exists():
-        raise CkptError(
-            f"{target} does not exist", "pass the --ckpt-dir of the run (or its run/ directory), or a job id", ExitCode.NOT_FOUND
-        )
+        raise CkptError(f"{named} does not exist", pass_one, ExitCode.NOT_FOUND)
     if not target.is_dir():
-        raise CkptError(
-            f"{target} is a file, not a checkpoint or run directory",
-            "pass the --ckpt-dir of the run (or its run/ directory), or a job id",
-            ExitCode.USAGE,
-        )
+        raise CkptError(f"{named} is a file, not a checkpoint or run directory", pass_one, ExitCode.USAGE)
     if (target / "events.jsonl").exists() or (target.name == RUN_DIR_NAME and not (target / RUN_DIR_NAME).exists()):
         parent = target.parent
         return target, parent if (parent / "LATEST").exists() or (parent / "index.jsonl").exists() else None
@@ -57,7 +54,7 @@ def status(
     notes: list[str] = []
     job_id = target if target.isdigit() else None
     if job_id is None:
-        run_dir, ckpt_dir = _locate(Path(target))
+        run_dir, ckpt_dir = locate(Path(target))
         events, skipped = load_events(run_dir)
         notes += [n for n in [_skipped_note(run_dir, skipped)] if n]
         ids = [e.get("job_id") for e in events if e.get("job_id")]
@@ -185,7 +182,7 @@ def history(
     from ckpt_tool.store.store import CheckpointStore
     from ckpt_tool.supervise.events import load_events
 
-    run_dir, ckpt_dir = _locate(target)
+    run_dir, ckpt_dir = locate(target)
     records, skipped = load_events(run_dir)
     timeline = [{"source": "run", **e} for e in records]
     notes = [n for n in [_skipped_note(run_dir, skipped)] if n]

@@ -12,11 +12,16 @@ With checkpoint cost C, restart cost R and mean time between failures M (seconds
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ckpt_tool.errors import CkptError, ExitCode
 
 DAY_S = 86400.0
+# Below this expected goodput no interval is worth recommending: the job would barely train.
+MIN_GOODPUT = 0.01
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,11 @@ class IntervalPlan:
     step_s: float | None = None
 
     @property
+    def works(self) -> bool:
+        """Whether any interval trains for a worthwhile share of the time (``MIN_GOODPUT``)."""
+        return self.goodput >= MIN_GOODPUT
+
+    @property
     def interval_steps(self) -> int | None:
         return None if self.step_s is None else max(1, round(self.interval_s / self.step_s))
 
@@ -40,8 +50,12 @@ def _check(name: str, value: float, allow_zero: bool = False) -> None:
 
 
 def goodput(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
-    """Useful compute / wall time, Daly's model (failures during checkpoints and restarts included)."""
-    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + checkpoint_s) / mtbf_s))
+    """Useful compute / wall time, Daly's model (failures during checkpoints and restarts included);
+    0 where the model's exponentials overflow (costs of many MTBFs: nothing gets done)."""
+    try:
+        return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + checkpoint_s) / mtbf_s))
+    except OverflowError:
+        return 0.0
 
 
 def plan_interval(checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0, step_s: float | None = None) -> IntervalPlan:
@@ -100,3 +114,46 @@ def plan_two_tier(
     local = plan_interval(local_s, mtbf_s / covered, local_restart_s, step_s)
     shared = plan_interval(shared_s, mtbf_s / (1 - covered), restart_s, step_s)
     return TwoTierPlan(local, shared, covered, plan_interval(shared_s, mtbf_s, restart_s, step_s))
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per training step measured in a run, and where the number came from."""
+
+    seconds: float
+    source: str  # "rank step timings" or "commit spacing"
+    detail: str  # what it was computed from, for the user
+
+
+def measured_step_time(
+    rank_rows: Iterable[Mapping[str, Any]], commits: Iterable[Mapping[str, Any]], checkpoint_s: float = 0.0
+) -> StepTime | None:
+    """The run's step time from what the ranks measured, best source first:
+
+    1. the ranks' own step timings (``rank_health.*.json`` rows: each rank's median wall time
+       per step over its window; the median over the ranks);
+    2. the spacing of the commits in the checkpoint index (``created_at`` and ``step`` of
+       consecutive commits of one run: seconds per step between them, less the blocked
+       ``checkpoint_s`` of the one checkpoint in each gap; the median over the gaps, so a gap
+       that holds a restart does not count).
+
+    Not the phase spans of ``timeouts.json``: about half of them are fragments of a few ms at
+    phase switches, their median is several times too short. None when neither source has data.
+    """
+    walls = [float(r["wall_s"]) for r in rank_rows if isinstance(r.get("wall_s"), (int, float)) and r["wall_s"] > 0]
+    if walls:
+        seconds = statistics.median(walls)
+        return StepTime(seconds, "rank step timings", f"median of {len(walls)} rank(s)' step wall times (rank_health.*.json)")
+    points = sorted(
+        (float(c["created_at"]), c["step"], c.get("run_id"))
+        for c in commits
+        if isinstance(c.get("created_at"), (int, float)) and isinstance(c.get("step"), int) and not isinstance(c.get("step"), bool)
+    )
+    rates = []
+    for (t0, s0, r0), (t1, s1, r1) in zip(points, points[1:], strict=False):
+        if s1 > s0 and r0 == r1 and t1 - t0 - checkpoint_s > 0:
+            rates.append((t1 - t0 - checkpoint_s) / (s1 - s0))
+    if not rates:
+        return None
+    less = f", less {checkpoint_s:g} s of checkpoint each" if checkpoint_s else ""
+    return StepTime(statistics.median(rates), "commit spacing", f"median over {len(rates)} gap(s) between commits in index.jsonl{less}")

@@ -55,7 +55,8 @@ def test_ckpt_plan_json_and_errors(capsys, tmp_path):
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "timeouts.json").write_text(json.dumps({"durations": {"step": [0.0001, 2.0, 2.0, 3.0]}}))
+    row = {"step": 9, "wall_s": 2.0, "compute_s": 1.9, "wait_s": 0.1, "score": 1.0, "individual": 1.0}
+    (run_dir / "rank_health.n1.json").write_text(json.dumps({"node": "n1", "time": 1.0, "ranks": [{"rank": 0, **row}, {"rank": 1, **row}]}))
     with pytest.raises(SystemExit) as e:
         main(["plan", "--ckpt-seconds", "90", "--gpus", "512", "--gpu-mtbf-hours", "50000", "--run-dir", str(run_dir), "--json"])
     assert e.value.code in (0, None)
@@ -80,7 +81,7 @@ def test_ckpt_plan_json_and_errors(capsys, tmp_path):
         (["--mtbf-hours", "-3"], 2, "--mtbf-hours must be a positive number, got -3"),
         (["--gpus", "8", "--gpu-mtbf-hours", "0"], 2, "--gpu-mtbf-hours must be a positive number, got 0"),
         (["--mtbf-hours", "3", "--restart-seconds", "-1"], 2, "--restart-seconds must be a non-negative number, got -1"),
-        (["--mtbf-hours", "3", "--run-dir", "{tmp}/missing"], 3, "is not a directory"),
+        (["--mtbf-hours", "3", "--run-dir", "{tmp}/missing"], 3, "missing does not exist"),
         (["--mtbf-hours", "3", "--run-dir", "{tmp}"], 3, "holds no measured step time"),
         (["--mtbf-hours", "3", "--run-dir", "{tmp}", "--step-seconds", "2"], 2, "exclude each other"),
         (["--mtbf-hours", "3", "--local-seconds", "0"], 2, "--local-seconds must be a positive number, got 0"),
