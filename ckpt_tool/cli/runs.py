@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table, shorten
+from ckpt_tool.cli.output import Column, err, escape, out, print_json, print_table, shorten
 from ckpt_tool.core.health import fold_health
 from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.errors import CkptError, ExitCode
@@ -166,8 +166,10 @@ def _print_ranks(ranks: list[dict[str, Any]]) -> None:
     )
 
 
-def _details(e: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ("time", "event", "source", "argv", "run_id")) -> str:
-    return prefix + " ".join(f"{k}={human(v)}" for k, v in e.items() if k not in skip)
+def _details(e: dict[str, Any], prefix: str = "") -> str:
+    from ckpt_tool.core.story import details
+
+    return prefix + details(e)
 
 
 def history(
@@ -176,11 +178,23 @@ def history(
     metrics: Path | None = typer.Option(
         None, "--metrics", help="With --plot: the training's JSON-lines metrics (step, loss) for the curve."
     ),
+    since: str | None = typer.Option(
+        None, "--since", help="Only events since a duration ago (30m, 2h, 1d) or a local time ('2026-12-03 10:00').", show_default=False
+    ),
+    event: list[str] = typer.Option(
+        [], "--event", help="Only events of this name (repeat for several: --event commit --event hang).", show_default=False
+    ),
+    last: int | None = typer.Option(
+        None, "--last", min=1, help="Only the newest N events (after --since and --event).", show_default=False
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """The run's timeline: saves, failures, restarts, requeues and rollbacks (and a picture of it: --plot)."""
+    from ckpt_tool.core.story import KNOWN_EVENTS, parse_since, select, unknown_events
     from ckpt_tool.store.store import CheckpointStore
     from ckpt_tool.supervise.events import load_events
+
+    start = parse_since(since, time.time()) if since is not None else None
 
     run_dir, ckpt_dir = locate(target)
     records, skipped = load_events(run_dir)
@@ -193,6 +207,17 @@ def history(
     if not timeline:
         raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of the run (or its run/ directory)", ExitCode.NOT_FOUND)
     timeline.sort(key=lambda e: e["time"])
+    unknown = unknown_events(event, timeline)
+    if unknown:
+        raise CkptError(
+            f"--event {', '.join(unknown)}: no such event",
+            "known events: " + ", ".join(sorted(set(KNOWN_EVENTS) | {str(e["event"]) for e in timeline})),
+            ExitCode.USAGE,
+        )
+    whole = len(timeline)
+    timeline = select(timeline, start, event, last)
+    if len(timeline) < whole:
+        notes.append(f"{len(timeline)} of {whole} events shown (--since/--event/--last)")
     if metrics is not None and plot is None:
         raise CkptError("--metrics draws the loss curve of --plot", "add --plot PATH.png", ExitCode.USAGE)
     if plot is not None:
@@ -234,7 +259,7 @@ def history(
             ),
             Column("source"),
             Column("event", styles=styles),
-            Column("details", terminal=lambda d: shorten(d, 120), full=str),
+            Column("details", terminal=str, full=str),  # wrapped on a terminal, never cut: a failure's reason is all there
         ],
         [(e["time"], e["source"], e["event"], _details(e)) for e in timeline],
         title=f"history of {target}",

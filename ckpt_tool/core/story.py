@@ -1,4 +1,4 @@
-"""A run's story for a picture: the loss by step, and where each checkpoint, failure, requeue,
+"""A run's story for a picture, and for ``ckpt history``'s table. The picture: the loss by step, and where each checkpoint, failure, requeue,
 rollback and shrink happened. Pure: the timeline (``ckpt history``'s events, oldest first) in,
 points and marks out.
 
@@ -6,13 +6,20 @@ The loss is the training's own when a metrics file is given (JSON lines with ``s
 ``loss``, as the reference recipe writes), else the probe loss each commit recorded (one point
 per checkpoint, deleted ones included: the index keeps them). An event that names no step is
 placed at the newest checkpoint committed before it (where the run would go on from).
+
+The table: which events to show (``--since``, ``--event``, ``--last``) and their fields in words.
 """
 
 from __future__ import annotations
 
+import datetime
+import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ckpt_tool.errors import CkptError, ExitCode
 
 # event -> (kind of mark, how to say it)
 MARKS: Mapping[str, tuple[str, str]] = {
@@ -88,3 +95,88 @@ def story(timeline: Sequence[Mapping[str, Any]], metrics: Sequence[tuple[int, fl
     if metrics:
         return Story(tuple(sorted(metrics)), tuple(marks), "metrics")
     return Story(tuple(sorted(dict(loss).items())), tuple(marks), "probe loss at each checkpoint")
+
+
+# ----------------------------------------------------------------- ckpt history: filter and say
+
+# Every event ckpt-tool writes to a run's events.jsonl or a checkpoint index (``--event`` takes
+# these, and any other name this run's timeline holds).
+KNOWN_EVENTS = tuple(
+    sorted(
+        {
+            *("start", "ranks_started", "resumed", "restored", "finished", "failed", "fatal", "crashed", "exiting", "stopped"),
+            *("rank_exited", "hang", "restarted", "killed_ranks", "crash_loop", "failure_counted", "terminated"),
+            *("stop_requested", "stopped_for_requeue", "round_ending", "round_ended", "nodes_left_behind"),
+            *("straggler", "straggler_cleared", "gpu_idle", "gpu_error", "spares_started", "spares_ready", "local_cleared"),
+            *("submitted", "job_start", "requeue", "requeue_failed", "max_requeues_reached", "excluded", "shrunk"),
+            *("cancelled", "job_finished", "job_failed", "recover", "reshard_plan", "resharded_from"),
+            *("commit", "validated", "verified", "quarantine", "quarantine_purged", "rollback", "delete", "cleanup"),
+            *("roll_forward", "repair_latest", "owner"),
+        }
+    )
+)
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+SINCE_EXAMPLES = "a duration back from now (45s, 30m, 2h, 1d, 1w) or a local time (2026-12-03 10:00, 2026-12-03)"
+
+
+def parse_since(text: str, now: float) -> float:
+    """``--since``: the epoch time from which to show events, from a duration back from ``now``
+    (``30m``, ``2h``, ``1d``) or a local date and time (``2026-12-03 10:00``, ISO forms)."""
+    value = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", value.lower())
+    if match:
+        return now - float(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        return datetime.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise CkptError(f"--since {text!r} is neither a duration nor a time", f"give {SINCE_EXAMPLES}", ExitCode.USAGE) from None
+
+
+def unknown_events(wanted: Sequence[str], timeline: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of ``--event`` that no part of ckpt-tool writes and this timeline does not hold."""
+    known = set(KNOWN_EVENTS) | {str(e.get("event")) for e in timeline}
+    return [w for w in wanted if w not in known]
+
+
+def select(
+    timeline: Sequence[Mapping[str, Any]], since: float | None = None, events: Sequence[str] = (), last: int | None = None
+) -> list[Mapping[str, Any]]:
+    """The events at or after ``since``, of the names in ``events`` (all when empty), the newest
+    ``last`` of them; oldest first, as given."""
+    chosen = [
+        e
+        for e in timeline
+        if (since is None or (isinstance(e.get("time"), (int, float)) and e["time"] >= since)) and (not events or e.get("event") in events)
+    ]
+    return chosen[-last:] if last is not None else chosen
+
+
+def _is_epoch(key: str, value: float) -> bool:
+    return (key in ("time", "created_at", "since", "started", "modified") or key.endswith(("_at", "_time"))) and value > 1e8
+
+
+def say(key: str, value: Any) -> str:
+    """A field's value as a person reads it in ``ckpt history``: times of day as local
+    ``YYYY-MM-DD HH:MM:SS``, durations to the millisecond, losses and scores to 6 digits, no
+    ``None``, no reprs (mappings as ``key value, ...``)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if _is_epoch(key, value):
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        if any(word in key for word in ("loss", "norm", "lr", "score", "ratio")):
+            return f"{value:.6g}"
+        return repr(round(value, 3)) if value == 0 or abs(value) >= 0.001 else f"{value:.3g}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {say(str(k), v)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(say(key, v) for v in value) or "-"
+    return str(value)
+
+
+def details(e: Mapping[str, Any], skip: tuple[str, ...] = ("time", "event", "source", "argv", "run_id")) -> str:
+    """An event's fields but its name and time, ``key=value`` as ``say`` writes them."""
+    return " ".join(f"{k}={say(k, v)}" for k, v in e.items() if k not in skip)
