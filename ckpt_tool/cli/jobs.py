@@ -125,7 +125,7 @@ def run(
     """
     from rich.live import Live
 
-    from ckpt_tool.slurm.submit import check_ckpt_dir_agrees
+    from ckpt_tool.slurm.submit import check_ckpt_dir_agrees, check_training_command
     from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
 
     timeouts = TimeoutPolicy(overrides=_parse_timeouts(timeout))
@@ -160,7 +160,7 @@ def run(
         straggler_suspect=straggler_suspect,
         gpu_monitor=gpu_monitor,
     )
-    _check_training_command(command)
+    check_training_command(command, Path.cwd())
     if as_json:
         code = Watchdog(cfg, report=lambda record: print(json.dumps(record, default=str), flush=True)).run()
     elif err.is_terminal:
@@ -174,40 +174,25 @@ def run(
 
 
 def _module_found(name: str) -> bool:
-    """Whether the top-level package of ``name`` is importable by the ranks' Python, which runs
-    ``-m`` from this directory (finding a submodule would import its parents: not done)."""
-    from importlib.machinery import PathFinder
+    """Whether the ranks' Python, which runs ``-m`` from this directory, finds ``name``
+    (installed, editable too, or next to the user); no package's ``__init__`` is run."""
+    from ckpt_tool.slurm.submit import missing_module
 
-    top = name.split(".")[0]
-    return top.isidentifier() and (top in sys.builtin_module_names or PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is not None)
+    return missing_module(name, Path.cwd(), run=False) is None
 
 
 def _check_importable(modules: list[str]) -> None:
     """A ``--warm-import`` typo is a usage error now, not a spare maker that dies at every start."""
+    from ckpt_tool.slurm.submit import missing_module
+
     for name in modules:
-        if not _module_found(name):
+        missing = missing_module(name, Path.cwd(), run=False)  # imported, not run: a package is fine
+        if missing is not None:
             raise CkptError(
-                f"--warm-import {name}: no module {name.split('.')[0]!r} for this Python ({sys.executable})",
+                f"--warm-import {name}: no module {missing!r} for this Python ({sys.executable}), run from {os.getcwd()}",
                 "give a module the training script itself imports (importable here), or leave --warm-import out",
                 ExitCode.USAGE,
             )
-
-
-def _check_training_command(command: list[str]) -> None:
-    """A mistyped module or script fails every rank at once, and torchrun restarts them all
-    ``--max-restarts`` times, each with its traceback: say so before anything starts."""
-    if command[0] == "-m" and len(command) > 1 and not _module_found(command[1]):
-        raise CkptError(
-            f"no module {command[1].split('.')[0]!r} for this Python ({sys.executable}), run from {os.getcwd()}",
-            "check the name after -m, or run ckpt run from the directory the module is in (or put it on PYTHONPATH)",
-            ExitCode.USAGE,
-        )
-    if command[0].endswith(".py") and not Path(command[0]).is_file():
-        raise CkptError(
-            f"no training script {command[0]} (from {os.getcwd()})",
-            "give the script's path, relative to this directory or absolute, e.g. ckpt run -- train.py --steps 100",
-            ExitCode.USAGE,
-        )
 
 
 def _status_line(status: dict[str, Any]) -> str:
@@ -299,8 +284,13 @@ def submit(
         max_restarts=max_restarts,
         extra_sbatch=tuple(sbatch_line),
         env=_parse_env(env),
+        check_command=not dry_run,
     )
     if dry_run:
+        try:  # a dry run submits nothing: the script is shown, and what the job would not find said
+            chain.check_job_command(spec)
+        except CkptError as exc:
+            err.print(f"[yellow]warning:[/] {escape(exc.message)}: the job would fail as it starts (ckpt submit refuses it)")
         text = chain.dry_run(spec, script)
         print_json({"dry_run": True, "script": text, "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir}) if as_json else sys.stdout.write(
             text

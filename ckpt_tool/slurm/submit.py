@@ -9,8 +9,10 @@ script through a submitit executor and returns submitit's job object (job id, ca
 from __future__ import annotations
 
 import datetime
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
@@ -50,11 +52,117 @@ def check_ckpt_dir_agrees(command: Sequence[str], ckpt_dir: Path) -> None:
         )
 
 
+@contextmanager
+def _path_of_python_m(workdir: Path, extra: Sequence[str]) -> Iterator[None]:
+    """``sys.path`` as ``python -m`` started in ``workdir`` has it: that directory first."""
+    saved = sys.path[:]
+    sys.path[:] = [str(workdir), *(str(workdir / p) for p in extra), *saved]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def _spec(fullname: str, path: Sequence[str] | None) -> Any:
+    """What the import system's finders (``sys.meta_path``: built-ins, frozen, the path finder,
+    setuptools' editable finder...) return for ``fullname``, its parent package's ``__path__``
+    given; nothing is imported or executed."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(fullname, path) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+def missing_module(name: str, workdir: Path, extra_path: Sequence[str] = (), run: bool = True) -> str | None:
+    """The first part of ``name`` (``a``, ``a.b``...) that ``python -m name``, started by this
+    Python in ``workdir``, would not find, or ``None`` when it finds it (a package needs its
+    ``__main__``). Asks the same finders as the import system, walking each package's search
+    locations instead of importing it: no package's ``__init__`` runs (one that rewrites its
+    ``__path__`` at import is not followed). ``extra_path``: entries of the job's own PYTHONPATH;
+    ``run=False``: importable is enough (a package needs no ``__main__``)."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return name
+    path: Sequence[str] | None = None
+    with _path_of_python_m(workdir, extra_path):
+        for i in range(len(parts)):
+            fullname = ".".join(parts[: i + 1])
+            spec = _spec(fullname, path)
+            if spec is None:
+                return fullname
+            path = spec.submodule_search_locations
+            if path is None and i < len(parts) - 1:  # a module has no submodules
+                return ".".join(parts[: i + 2])
+        if run and path is not None and _spec(f"{name}.__main__", path) is None:  # python -m runs a package's __main__
+            return f"{name}.__main__"
+    return None
+
+
+def check_training_command(command: Sequence[str], workdir: Path, env: Sequence[tuple[str, str]] = (), where: str = "") -> None:
+    """A mistyped module or script fails every rank at once (and torchrun restarts them all
+    ``--max-restarts`` times, or a job fails only after its queue wait): refuse it first, looked
+    up as the ranks' Python will, from the directory the ranks start in (``workdir``)."""
+    from_where = where or f"run from {workdir}"
+    extra = [p for key, value in env if key == "PYTHONPATH" for p in value.split(os.pathsep) if p]
+    if len(command) > 1 and command[0] == "-m":
+        missing = missing_module(command[1], workdir, extra)
+        if missing is not None and missing.endswith(".__main__"):
+            raise CkptError(
+                f"-m {command[1]}: a package without a __main__ module, which python -m cannot run ({from_where})",
+                f"name the module to run inside it, e.g. -m {command[1]}.train",
+                ExitCode.USAGE,
+            )
+        if missing is not None:
+            raise CkptError(
+                f"no module {missing!r} for this Python ({sys.executable}), {from_where}",
+                "check the name after -m, install its package in this Python, or start from the directory the module is in (or put it on PYTHONPATH)",
+                ExitCode.USAGE,
+            )
+    elif command and not command[0].startswith("-") and not (workdir / command[0]).is_file():
+        raise CkptError(
+            f"no training script {command[0]} ({from_where})",
+            "give the script's path, relative to that directory or absolute, e.g. -- train.py --steps 100",
+            ExitCode.USAGE,
+        )
+
+
+def job_workdir(extra_sbatch: Sequence[str], cwd: Path | None = None) -> Path:
+    """The directory the job starts in: ``--chdir``/``-D`` of an extra ``#SBATCH`` line, else the
+    directory sbatch is called from (its default)."""
+    cwd = cwd or Path.cwd()
+    found = None
+    for line in extra_sbatch:
+        words = line.removeprefix("#SBATCH").split()
+        for i, word in enumerate(words):
+            if word.startswith("--chdir="):
+                found = word.split("=", 1)[1]
+            elif word in ("--chdir", "-D") and i + 1 < len(words):
+                found = words[i + 1]
+            elif word.startswith("-D") and len(word) > 2:
+                found = word[2:]
+    return cwd / found if found else cwd
+
+
+def check_job_command(spec: JobSpec) -> None:
+    """The job's training command must be found where the job starts, by this Python (the job's)."""
+    workdir = job_workdir(spec.extra_sbatch)
+    check_training_command(spec.command, workdir, spec.env, where=f"where the job starts: {workdir}")
+
+
 def prepare(
-    command: Sequence[str], ckpt_dir: Path, run_dir: Path | None = None, signal_lead_s: int | None = None, **options: Any
+    command: Sequence[str],
+    ckpt_dir: Path,
+    run_dir: Path | None = None,
+    signal_lead_s: int | None = None,
+    *,
+    check_command: bool = True,
+    **options: Any,
 ) -> tuple[JobSpec, str]:
     """The job spec and its script; ``options`` are ``JobSpec`` fields. Missing SLURM settings
-    come from ``ckpt.toml`` / ``[tool.ckpt]``; each node's task gets at least one CPU per rank."""
+    come from ``ckpt.toml`` / ``[tool.ckpt]``; each node's task gets at least one CPU per rank.
+    A training command the job would not find is refused (``check_command``; see ``check_job_command``)."""
     check_ckpt_dir_agrees(command, ckpt_dir)
     ckpt_dir = ckpt_dir.absolute()
     run_dir = (run_dir or ckpt_dir / RUN_DIR_NAME).absolute()
@@ -73,6 +181,8 @@ def prepare(
         created=datetime.datetime.now().isoformat(timespec="seconds"),
         **options,
     )
+    if check_command:
+        check_job_command(spec)
     return spec, render(spec, template())
 
 
