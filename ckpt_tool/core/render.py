@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from string import Template
 
+from ckpt_tool.core.launch_values import parse_mem, parse_time
 from ckpt_tool.errors import CkptError, ExitCode
 
 SLURM_WARNING_JITTER_S = 60  # slurmctld checks time limits every 30 s: the signal comes 30-60 s early
@@ -23,7 +24,6 @@ _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-\[\]]+$")
 # --constraint has its own grammar: features joined by & (and), | (or), [..] (matching or),
 # *N (counts), parentheses and ! (not), e.g. "a100&ib" or "[rack1|rack2]".
 _CONSTRAINT_VALUE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-\[\]&|*()!]+$")
-_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{1,2}){0,2}$")
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,13 @@ class JobSpec:
             )
         if self.max_requeues < 0 or self.max_restarts < 0 or self.gpus_per_node < 0:
             raise CkptError("--max-requeues, --max-restarts and --gpus-per-node must be >= 0", "see `ckpt submit --help`", ExitCode.USAGE)
-        if self.time is not None and not _TIME.match(self.time):
-            raise CkptError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS, D-HH:MM...)", "e.g. --time 24:00:00", ExitCode.USAGE)
-        for name in ("partition", "account", "qos", "job_name", "mem"):
+        for name, parse, example in (("time", parse_time, "--time 24:00:00 or --time 2-00:00:00"), ("mem", parse_mem, "--mem 64G")):
+            value = getattr(self, name)
+            try:
+                parse(value) if value is not None else None
+            except ValueError as exc:
+                raise CkptError(f"--{name} {exc}", f"e.g. {example} (or its default in ckpt.toml / [tool.ckpt])", ExitCode.USAGE) from None
+        for name in ("partition", "account", "qos", "job_name"):
             value = getattr(self, name)
             if value is not None and not _DIRECTIVE_VALUE.match(value):
                 raise CkptError(

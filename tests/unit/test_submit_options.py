@@ -59,3 +59,26 @@ def test_free_port_prints_a_bindable_port(capsys):
     assert e.value.code in (0, None) and 1024 <= port < 65536
     with socket.socket() as s:
         s.bind(("", port))
+
+
+@pytest.mark.parametrize(
+    "option, value, words",
+    [
+        ("--time", "25:99:99", "--time '25:99:99': 99 minutes is past 59"),
+        ("--time", "1-25", "25 hours is past 23"),
+        ("--time", "tomorrow", "not a SLURM time"),
+        ("--mem", "lots", "--mem 'lots' is not a SLURM memory size"),
+        ("--mem", "1.5G", "a whole number with an optional unit K, M, G or T"),
+    ],
+)
+def test_a_time_or_memory_slurm_cannot_mean_is_refused_with_its_forms(capsys, tmp_path, option, value, words):
+    code, out, err = submit(capsys, tmp_path, option, value, "--", "train.py")
+    assert code == 2 and not out and words in err and "hint: e.g." in err, err
+    if option == "--time":
+        assert "DAYS-HOURS:MINUTES:SECONDS" in err
+    assert not (tmp_path / "ckpts").exists()
+
+
+def test_slurm_time_and_memory_forms_are_written_as_given(capsys, tmp_path):
+    code, out, err = submit(capsys, tmp_path, "--time", "1-12", "--mem", "500", "--", "train.py")
+    assert code == 0 and "#SBATCH --time=1-12" in out and "#SBATCH --mem=500" in out, err
