@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, note, open_checkpoints, resolve_step, run_entry
+from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, note, open_checkpoints, resolve_step, run_entry, step_option
 from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table
 from ckpt_tool.core import layout
 from ckpt_tool.core.retention import RetentionPolicy
@@ -164,7 +164,7 @@ def reshard(
     tp: int | None = typer.Option(
         None, "--tp", min=1, help="The new tensor-parallel size (default: the saved one); data parallel takes the rest."
     ),
-    step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Default: the step LATEST names."),
+    step: int | None = step_option("The step to reshard (default: the one LATEST names)."),
     micro_batch: int | None = typer.Option(
         None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."
     ),
@@ -236,7 +236,7 @@ def reshard(
 def adopt(
     source: Path = typer.Argument(..., help="The weights: a dcp.save directory, a .safetensors or a torch .pt file.", show_default=False),
     directory: Path = typer.Argument(..., help="A new (or empty) checkpoint directory for the run to start from.", show_default=False),
-    step: int = typer.Option(0, "--step", min=0, max=layout.MAX_STEP, help="The step the run continues after."),
+    step: int = step_option("The step the run continues after.", default=0),
     as_json: bool = JsonOpt,
 ) -> None:
     """Make pretrained weights the first checkpoint of a run: the run's resume() loads them as initial weights."""

@@ -22,6 +22,14 @@ if TYPE_CHECKING:  # the store is imported by the commands that open one (0.1 s:
 
 DirArg = typer.Argument(..., help="The checkpoint directory.", show_default=False)
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
+
+
+def step_option(help: str, default: int | None = None) -> Any:
+    """The one ``--step`` option of every command: a step number in [0, MAX_STEP] (a checkpoint's
+    directory name has 8 digits); anything else is refused by the parser with exit 2."""
+    return typer.Option(default, "--step", min=0, max=layout.MAX_STEP, help=help)
+
+
 STATUS_STYLES = {
     "verified": "green",
     "local": "cyan",
@@ -47,6 +55,10 @@ def open_checkpoints(directory: Path) -> CheckpointStore:
 def resolve_step(store: CheckpointStore, step: int | None) -> int:
     """``--step N`` (exit 3 when no such step directory exists), else the step LATEST names."""
     if step is not None:
+        if not 0 <= step <= layout.MAX_STEP:
+            raise CkptError(
+                f"--step {step} is not a step number", f"give a step from 0 to {layout.MAX_STEP} (see `ckpt list`)", ExitCode.USAGE
+            )
         if not store.step_path(step).is_dir():
             raise store.no_such_step(step)
         return step
@@ -147,7 +159,7 @@ def _problems_json(r: ValidationResult) -> dict[str, Any]:
 
 def validate(
     directory: Path = DirArg,
-    step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Validate this step (default: the one LATEST names)."),
+    step: int | None = step_option("Validate this step (default: the one LATEST names)."),
     all_steps: bool = typer.Option(False, "--all", help="Validate every committed checkpoint (scrubbing)."),
     threads: int = typer.Option(4, min=1, help="Files hashed in parallel."),
     as_json: bool = JsonOpt,
@@ -231,7 +243,7 @@ def validate(
 # --------------------------------------------------------------------------- verify
 def verify(
     directory: Path = DirArg,
-    step: int | None = typer.Option(None, "--step", min=0, max=layout.MAX_STEP, help="Verify this step (default: the one LATEST names)."),
+    step: int | None = step_option("Verify this step (default: the one LATEST names)."),
     entry: str | None = typer.Option(
         None, "--entry", help="module:function returning (model, loss_fn); default: the manifest's, then [tool.ckpt] entry_point."
     ),

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import typer
 
-from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, open_checkpoints, resolve_step
+from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, open_checkpoints, resolve_step, step_option
 from ckpt_tool.cli.output import Column, escape, out, print_json, print_table, size, when
 from ckpt_tool.errors import ExitCode
 
 
 def export(
     directory: Path = DirArg,
-    step: int | None = typer.Option(None, "--step", help="The step to export (default: LATEST)."),
+    step: int | None = step_option("The step to export (default: the one LATEST names)."),
     fmt: str = typer.Option("safetensors", "--format", help="safetensors or torch (a torch.save file, loads with weights_only=True)."),
     out_path: Path | None = typer.Option(None, "--out", help="The file to write (default: ./DIRNAME-step-N.safetensors or .pt)."),
     model_only: bool = typer.Option(False, "--model-only", help="Only the model's tensors (default: the optimizer's too)."),
@@ -52,7 +52,7 @@ def export(
 
 def inspect(
     directory: Path = DirArg,
-    step: int | None = typer.Option(None, "--step", help="The step to inspect (default: LATEST)."),
+    step: int | None = step_option("The step to inspect (default: the one LATEST names)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Entries (key, shape, dtype, bytes, how they are split across ranks) and the run facts of a checkpoint."""

@@ -94,6 +94,12 @@ def adopt(source: Path, directory: Path, step: int = 0) -> Manifest:
     """Write ``source``'s weights as step ``step`` of a new checkpoint directory ``directory``."""
     if not source.exists():
         raise CkptError(f"{source} does not exist", "give a dcp.save directory, a .safetensors or a .pt file", ExitCode.NOT_FOUND)
+    if directory.exists() and not directory.is_dir():
+        raise CkptError(
+            f"{directory} is a file, not a directory: adopt writes a new checkpoint directory there",
+            "give the path of a new (or empty) directory for the run's checkpoints",
+            ExitCode.USAGE,
+        )
     if directory.exists() and any(directory.iterdir()):
         raise CkptError(f"{directory} is not empty", "adopt into a new checkpoint directory (a run starts from it)", ExitCode.USAGE)
     tensors, fmt = read_weights(source)

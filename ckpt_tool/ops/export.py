@@ -109,6 +109,13 @@ def stream(store: CheckpointStore, step: int, entries: list[ExportEntry]) -> Ite
 def export_checkpoint(store: CheckpointStore, step: int, fmt: str, out: Path, model_only: bool = False, force: bool = False) -> Exported:
     if fmt not in FORMATS:
         raise CkptError(f"unknown format {fmt!r}", f"use one of: {', '.join(FORMATS)}", ExitCode.USAGE)
+    if out.is_dir():
+        suffix = "pt" if fmt == "torch" else "safetensors"
+        raise CkptError(
+            f"--out {out} is a directory: export writes one file",
+            f"give a file name, e.g. --out {out / f'step-{step}.{suffix}'}",
+            ExitCode.USAGE,
+        )
     if out.exists() and not force:
         raise CkptError(f"{out} exists", "pass --force to replace it, or another --out", ExitCode.USAGE)
     if not out.parent.is_dir():
