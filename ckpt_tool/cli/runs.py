@@ -174,7 +174,9 @@ def _details(e: dict[str, Any], prefix: str = "") -> str:
 
 def history(
     target: Path = typer.Argument(..., help="A checkpoint directory or a run directory.", show_default=False),
-    plot: Path | None = typer.Option(None, "--plot", help="Also draw the story as a PNG here: the loss by step, every event marked."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Also draw the story here (PNG, SVG, PDF, JPEG: by the suffix): the loss by step, every event marked."
+    ),
     metrics: Path | None = typer.Option(
         None, "--metrics", help="With --plot: the training's JSON-lines metrics (step, loss) for the curve."
     ),
@@ -195,6 +197,10 @@ def history(
     from ckpt_tool.supervise.events import load_events
 
     start = parse_since(since, time.time()) if since is not None else None
+    if plot is not None:
+        from ckpt_tool.ops.plot import check_target
+
+        check_target(plot)  # a directory, a missing parent, a suffix that names no format: before any work
 
     run_dir, ckpt_dir = locate(target)
     records, skipped = load_events(run_dir)

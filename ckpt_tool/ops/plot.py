@@ -1,11 +1,13 @@
-"""``ckpt history --plot``: the run's story as a PNG (matplotlib, the optional ``plot`` extra): the
+"""``ckpt history --plot``: the run's story as a picture (PNG, SVG, PDF, JPEG... by the suffix) (matplotlib, the optional ``plot`` extra): the
 loss by step, with every checkpoint, failure, requeue, rollback, shrink and straggler marked."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ckpt_tool.core.story import KINDS, Story
 from ckpt_tool.errors import CkptError, ExitCode
@@ -41,8 +43,31 @@ def read_metrics(path: Path) -> list[tuple[int, float]]:
     return sorted(found.items())
 
 
-def draw(story: Story, out: Path, title: str) -> None:
-    """Write the picture to ``out`` (beside it first, then renamed in)."""
+# The formats a picture is written in, by the file's suffix (matplotlib writes each; jpg/webp/tiff through Pillow).
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".jpg": "jpg", ".jpeg": "jpg", ".webp": "webp", ".tif": "tiff", ".tiff": "tiff"}
+
+
+def picture_format(out: Path, supported: Iterable[str]) -> str:
+    """The format the file's suffix names, of those this matplotlib writes (``supported``); a
+    bad path (a directory, no such parent, an unknown suffix) is a ``CkptError`` (exit 2)."""
+    if out.is_dir():
+        raise CkptError(f"--plot {out} is a directory", f"give a file name in it, e.g. --plot {out / 'story.png'}", ExitCode.USAGE)
+    if not out.parent.is_dir():
+        raise CkptError(f"{out.parent} is not a directory", "create it first, or give another path", ExitCode.USAGE)
+    can = set(supported)
+    known = [suffix for suffix, fmt in FORMATS.items() if fmt in can]
+    fmt = FORMATS.get(out.suffix.lower())
+    if fmt is None or fmt not in can:
+        said = f"the suffix {out.suffix!r} names no picture format this can write" if out.suffix else "no suffix to name a picture format"
+        raise CkptError(
+            f"--plot {out}: {said}",
+            f"end the name with one of {', '.join(known)} (e.g. {out.with_suffix('.png').name})",
+            ExitCode.USAGE,
+        )
+    return fmt
+
+
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -50,8 +75,24 @@ def draw(story: Story, out: Path, title: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise CkptError("drawing the picture needs matplotlib", "pip install 'ckpt-tool[plot]'", ExitCode.USAGE) from None
-    if not out.parent.is_dir():
-        raise CkptError(f"{out.parent} is not a directory", "create it first, or give another path", ExitCode.USAGE)
+    return plt
+
+
+def check_target(out: Path) -> str:
+    """Before any work: the picture's format (from ``out``'s suffix), or why ``out`` cannot be one."""
+    plt = _pyplot()
+    fig = plt.figure()
+    try:
+        return picture_format(out, fig.canvas.get_supported_filetypes())
+    finally:
+        plt.close(fig)
+
+
+def draw(story: Story, out: Path, title: str) -> None:
+    """Write the picture to ``out`` in the format its suffix names (beside it first, then
+    renamed in: a failed write leaves no half-written picture, and an older one as it was)."""
+    fmt = check_target(out)
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(12, 5.5), dpi=100)
     if story.loss:
         steps, losses = zip(*story.loss, strict=True)
@@ -78,10 +119,16 @@ def draw(story: Story, out: Path, title: str) -> None:
     order = sorted(range(len(labels)), key=lambda i: (labels[i] not in KINDS, KINDS.index(labels[i]) if labels[i] in KINDS else 0))
     ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper right", fontsize=8)
     fig.tight_layout()
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}.png")
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:
-        fig.savefig(partial, format="png")
+        fig.savefig(partial, format=fmt)
         os.replace(partial, out)
+    except OSError as exc:
+        raise CkptError(
+            f"cannot write the picture to {out}: {exc.strerror or exc}",
+            "free space there or give another --plot path (nothing was changed there)",
+            ExitCode.FAILED,
+        ) from None
     finally:
         plt.close(fig)
         partial.unlink(missing_ok=True)
