@@ -137,6 +137,7 @@ def run(
             "e.g. --straggler-threshold 0.75 (a rank 1.33x slower than its peers' median is slow) --straggler-seconds 5",
             ExitCode.USAGE,
         ) from exc
+    _check_rendezvous(nnodes, rdzv_endpoint)
     _check_importable(warm_import)
     if ckpt_dir is not None:
         check_ckpt_dir_agrees(command, ckpt_dir)
@@ -171,6 +172,25 @@ def run(
     else:
         code = Watchdog(cfg, report=lambda record: print(_human_event(record), file=sys.stderr, flush=True)).run()
     raise typer.Exit(code)
+
+
+def _check_rendezvous(nnodes: str, endpoint: str | None) -> None:
+    """torchrun would take these as given and fail in its traceback, through every restart, and
+    the run's history would record a failure: refuse them before anything starts."""
+    from ckpt_tool.core.launch_values import parse_endpoint, parse_nnodes
+
+    try:
+        parse_nnodes(nnodes)
+        if endpoint is not None:
+            parse_endpoint(endpoint)
+    except ValueError as exc:
+        raise CkptError(str(exc), "see `ckpt run --help`; under ckpt submit the batch script sets both", ExitCode.USAGE) from None
+    if endpoint is None and nnodes != "1":
+        raise CkptError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (where the nodes meet: the first node's address and a free port)",
+            "e.g. --nnodes 2 --rdzv-endpoint node1:29500 --rdzv-id myjob; one node alone: leave --nnodes out",
+            ExitCode.USAGE,
+        )
 
 
 def _module_found(name: str) -> bool:
