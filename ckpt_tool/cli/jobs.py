@@ -277,6 +277,7 @@ def submit(
     as_json: bool = JsonOpt,
 ) -> None:
     """Submit a training job that survives time limits, preemptions and crashes by itself."""
+    from ckpt_tool.core.render import follow_up_commands
     from ckpt_tool.slurm import submit as chain
     from ckpt_tool.slurm.commands import sbatch
     from ckpt_tool.supervise.events import note
@@ -323,9 +324,9 @@ def submit(
         print_json({"dry_run": False, "job_id": job_id, "script": str(path), "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir})
         return
     print(job_id)
-    err.print(
-        f"submitted job [bold]{job_id}[/] ({escape(str(path))})\n  follow: ckpt status {escape(spec.ckpt_dir)}   squeue -j {job_id}\n  history: ckpt history {escape(spec.ckpt_dir)}"
-    )
+    then = follow_up_commands(job_id, spec.ckpt_dir)
+    err.print(f"submitted job [bold]{escape(job_id)}[/] ({escape(str(path))})")
+    err.print(f"  follow:  {escape(then['status'])}\n           {escape(then['queue'])}\n  history: {escape(then['history'])}")
 
 
 def recover(

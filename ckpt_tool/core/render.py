@@ -163,6 +163,16 @@ def directives(spec: JobSpec) -> list[str]:
     return out
 
 
+def follow_up_commands(job_id: str, ckpt_dir: str) -> dict[str, str]:
+    """What to run after a submit, each quoted as a shell needs it (a path with spaces or quotes
+    pastes as one argument)."""
+    return {
+        "status": shlex.join(["ckpt", "status", ckpt_dir]),
+        "queue": shlex.join(["squeue", "-j", job_id]),
+        "history": shlex.join(["ckpt", "history", ckpt_dir]),
+    }
+
+
 def render(spec: JobSpec, template: str) -> str:
     q = shlex.quote
     values = {
