@@ -18,6 +18,8 @@ class ExitCode:
     REQUEUE = 75  # `ckpt run`: stopped on request after committing a checkpoint: requeue me (EX_TEMPFAIL)
     CRASH_LOOP = 76  # `ckpt run`: failures in a row without progress; restarting would not help
     NODE_FAULT = 77  # `ckpt run`: a node keeps failing; the round ended so that the job can leave it behind
+    # `ckpt verify`: nothing to verify, the checkpoint was saved without a probe (not damage: `ckpt validate` applies)
+    NOTHING_TO_VERIFY = 5
 
 
 # Failures a restart cannot fix: the same command line, configuration or checkpoint would fail

@@ -262,6 +262,9 @@ def verify(
     store = open_checkpoints(directory)
     step = resolve_step(store, step)
     manifest = store.read_manifest(step)
+    from ckpt_tool.ops.verify import require_probe
+
+    require_probe(manifest, directory)  # before asking for an entry point or starting torchrun
     entry = entry or manifest.entry_point or config.default("entry_point")
     tp = _verify_tp(tp, nproc, manifest.layout.size("tp"))
     if nproc == 1:

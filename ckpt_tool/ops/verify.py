@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
@@ -27,7 +30,39 @@ from ckpt_tool.training.probe import VerifyReport, check_loaded_model
 from ckpt_tool.training.safe_dcp import load_state
 
 
+def require_probe(manifest: Manifest, directory: object) -> None:
+    """Refuse (exit ``NOTHING_TO_VERIFY``) a checkpoint saved without a probe: verification
+    recomputes the probe's loss and gradient norm, so there is nothing to compare. Not damage."""
+    if manifest.probe is None:
+        raise CkptError(
+            f"step {manifest.step} was saved without a probe (the training script gave CheckpointManager none): "
+            "there is nothing to verify, and this says nothing about damage",
+            f"`ckpt validate {directory} --step {manifest.step}` checks its files and hashes; "
+            "give the manager a probe batch to make later checkpoints verifiable",
+            ExitCode.NOTHING_TO_VERIFY,
+        )
+
+
+def require_intact_files(store: CheckpointStore, step: int) -> None:
+    """Refuse to load a checkpoint whose files do not match its manifest (missing, truncated,
+    extra): the structural check of ``ckpt validate``, before any byte is unpickled or loaded."""
+    problems = store.check_files(step, hashes=False).problems
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise CkptError(
+            f"step {step} is damaged, not loaded: {problems[0]}{more}",
+            f"`ckpt validate {store.root} --step {step}` lists every problem; `ckpt rollback {store.root} --auto` moves LATEST "
+            "to the newest good checkpoint",
+            ExitCode.FAILED,
+        )
+
+
 def load_entry_point(spec: str) -> Callable[..., Any]:
+    """The function an entry point ``module:function`` names. The module is looked up as
+    ``python -m`` would from the working directory: that directory first, then the environment."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)  # the ``ckpt`` console script starts with its bin directory there instead
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise CkptError(
@@ -91,6 +126,8 @@ def verify_checkpoint(
     checkpoint's parameters, run the checks."""
     mesh = mesh or Mesh.data_parallel(1)
     manifest = store.read_manifest(step)
+    require_probe(manifest, store.root)
+    require_intact_files(store, step)
     spec = entry or manifest.entry_point
     if spec is None:
         raise CkptError(

@@ -5,6 +5,8 @@ process of its own, from a working directory outside the source tree."""
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +83,56 @@ def test_adopt_into_an_existing_file_is_refused_and_the_file_kept(ckpt, away):
     assert "NotADirectoryError" not in said(proc) and "Traceback" not in said(proc), said(proc)
     assert f"{existing} is a file, not a directory" in said(proc) and "new (or empty) directory" in said(proc), said(proc)
     assert existing.read_text() == "mine\n" and sorted(p.name for p in away.iterdir()) == ["notes.txt"]
+
+
+# ------------------------------------------------------------------ 3. verify checks structure before loading
+def test_verify_of_a_truncated_shard_names_the_file_and_both_sizes(ckpt, away):
+    shard = ckpt / layout.step_dir_name(20) / "__1_0.distcp"
+    full = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(full // 3)
+    proc = ckpt_in(away, "verify", ckpt)
+    assert proc.returncode == 1, said(proc)
+    text = said(proc)
+    assert "EOFError" not in text and "Traceback" not in text, text
+    assert "__1_0.distcp" in text and f"{full} bytes" in text and f"{full // 3} bytes" in text, text
+    assert "not loaded" in text and f"ckpt validate {ckpt} --step 20" in text and "ckpt rollback" in text, text
+
+
+# ------------------------------------------------------------------ 4. nothing to verify; --entry from the working directory
+@pytest.fixture(scope="module")
+def no_probe_checkpoints(tmp_path_factory) -> Path:
+    """A healthy checkpoint of the second recipe saved without a probe (one process, 4 steps)."""
+    root = tmp_path_factory.mktemp("no-probe")
+    cmd = [sys.executable, "-m", "ckpt_tool.recipes.tiny_cnn", "--ckpt-dir", root / "ckpt", "--steps", "4", "--save-every", "4"]
+    proc = subprocess.run([*map(str, cmd), "--metrics", str(root / "m.jsonl"), "--no-probe"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "ckpt"
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_verify_without_a_probe_says_there_is_nothing_to_verify_with_its_own_exit_code(no_probe_checkpoints, away, nproc):
+    proc = ckpt_in(away, "verify", no_probe_checkpoints, "--nproc", nproc)
+    assert proc.returncode == 5, said(proc)  # ExitCode.NOTHING_TO_VERIFY: not 1 (damage)
+    text = said(proc)
+    assert "saved without a probe" in text and "nothing to verify" in text and "--entry" not in text, text
+    assert f"ckpt validate {no_probe_checkpoints} --step 4" in text, text
+    assert ckpt_in(away, "validate", no_probe_checkpoints).returncode == 0  # and it is healthy
+
+
+def test_verify_without_a_probe_or_entry_point_does_not_ask_for_one(no_probe_checkpoints, away, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(no_probe_checkpoints, copy)
+    manifest = copy / layout.step_dir_name(4) / layout.MANIFEST_NAME
+    data = json.loads(manifest.read_text())
+    data["entry_point"] = None
+    manifest.write_text(json.dumps(data))
+    proc = ckpt_in(away, "verify", copy)
+    assert proc.returncode == 5 and "saved without a probe" in said(proc) and "--entry" not in said(proc), said(proc)
+
+
+def test_verify_entry_finds_a_module_in_the_working_directory(ckpt, away):
+    (away / "mymodel.py").write_text("from ckpt_tool.recipes.tiny_gpt import build_for_verify as build\n")
+    proc = ckpt_in(away, "verify", ckpt, "--entry", "mymodel:build", "--json")
+    assert proc.returncode == 0, said(proc)
+    assert json.loads(proc.stdout)["ok"] is True
