@@ -37,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ckpt_tool.core.stop_purpose import stop_purpose, stopped_note
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, beat_of, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, calibrate
 from ckpt_tool.errors import ExitCode
@@ -86,6 +87,7 @@ class Watchdog:
         self.breaker = CrashLoopBreaker(cfg.crash_loop)
         self.stop_at: float | None = None
         self.stop_sent = False
+        self.stop_signals: set[str] = set()  # USR1, TERM: what the stop is for, as far as this process knows
         self.reports = RankReports()
         self.closing: dict[int, Beat] = {}  # ranks of an attempt that lost a rank, until each is gone
         self.local_ranks: dict[int, int] = {}
@@ -212,7 +214,11 @@ class Watchdog:
             self.event("round_ended", suspects=self.round.over, step=stopped, note="checkpoint committed; leaving the node behind")
             return ExitCode.NODE_FAULT
         if stopped is not None:  # torchrun may exit non-zero when it got TERM too
-            self.event("stopped_for_requeue", step=stopped, exit_code=ExitCode.REQUEUE, torchrun_exit_code=rc)
+            purpose = stop_purpose(self.stop_signals)[0]
+            self.event(
+                "stopped_for_requeue", step=stopped, exit_code=ExitCode.REQUEUE, torchrun_exit_code=rc, purpose=purpose,
+                signals=sorted(self.stop_signals), note=stopped_note(purpose),
+            )  # fmt: skip
             return ExitCode.REQUEUE
         if rc == 0:
             self.event("finished", exit_code=0)
@@ -376,6 +382,7 @@ class Watchdog:
 
     # ------------------------------------------------------------------ preemption
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        self.stop_signals.add(signal.Signals(signum).name.removeprefix("SIG"))
         if self.stop_at is None:
             self.stop_at = time.monotonic()
 
@@ -385,8 +392,8 @@ class Watchdog:
                 channel.send(sock, addr, {"cmd": "save_and_stop"})
         if self.beats:
             self.stop_sent = True
-            then = "leave the suspect node behind" if self.round.after_stop else "exit for requeue"
-            self.event("stop_requested", ranks=sorted(self.beats), note=f"checkpoint at the next step, then {then}")
+            purpose, why = stop_purpose(self.stop_signals, self.round.after_stop)
+            self.event("stop_requested", ranks=sorted(self.beats), purpose=purpose, signals=sorted(self.stop_signals), note=why)
 
     def timeouts(self) -> dict[str, float]:
         return calibrate(self.durations.durations, self.cfg.timeouts)
