@@ -40,6 +40,31 @@ def _skipped_note(run_dir: Path, skipped: tuple[int, ...]) -> str | None:
     return EventLog((), skipped).skipped_note(str(run_dir / "events.jsonl"))
 
 
+def _job_or_dir(target: str) -> tuple[Path, Path | None, str | None, list[str]]:
+    """(run directory, checkpoint directory or None, the job id given or None, notes) from a job
+    id (found through scontrol: the job's batch script or Command=) or a directory. A number that
+    names an existing directory is that directory."""
+    from ckpt_tool.slurm.commands import job_state
+    from ckpt_tool.slurm.job_lookup import JobForgotten, find_job_run
+
+    if not target.isdigit() or Path(target).exists():
+        run_dir, ckpt_dir = locate(Path(target))
+        return run_dir, ckpt_dir, None, []
+    try:
+        found = find_job_run(target)
+    except JobForgotten as exc:
+        state = job_state(target)  # sacct -c may still know how it ended
+        if state is None:
+            raise CkptError(
+                f"SLURM knows no job {target}",
+                "it may have ended before MinJobAge (`sacct -c` keeps finished jobs only with jobcomp): "
+                "pass the --ckpt-dir of the run instead: ckpt status CKPT_DIR",
+                ExitCode.NOT_FOUND,
+            ) from None
+        raise CkptError(f"job {target} ended ({state.state}, says {state.source}); {exc.message}", exc.hint, exc.exit_code) from None
+    return found.run_dir, found.ckpt_dir, target, [f"job {target}'s run directory {found.run_dir} (from {found.found_in})"]
+
+
 def status(
     target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
     as_json: bool = JsonOpt,
@@ -50,32 +75,25 @@ def status(
     from ckpt_tool.supervise.events import load_events
 
     report: dict[str, Any] = {}
-    events: list[dict[str, Any]] = []
-    notes: list[str] = []
-    job_id = target if target.isdigit() else None
+    run_dir, ckpt_dir, job_id, found = _job_or_dir(target)
+    events, skipped = load_events(run_dir)
+    notes = [n for n in [_skipped_note(run_dir, skipped)] if n]
     if job_id is None:
-        run_dir, ckpt_dir = locate(Path(target))
-        events, skipped = load_events(run_dir)
-        notes += [n for n in [_skipped_note(run_dir, skipped)] if n]
         ids = [e.get("job_id") for e in events if e.get("job_id")]
         job_id = str(ids[-1]) if ids else None
-        report["run_dir"] = str(run_dir)
-        if ckpt_dir is not None:
-            store = CheckpointStore(ckpt_dir)
-            latest = store.latest_or_none()
-            report["newest_checkpoint"] = latest
-            if latest is not None:
-                try:
-                    report["checkpoint_age_s"] = round(time.time() - store.read_manifest(latest).created_at, 1)
-                except CkptError as exc:
-                    notes.append(f"newest checkpoint: {exc.message}")
+    report["run_dir"] = str(run_dir)
+    if found:
+        report["found"] = found[0]
+    if ckpt_dir is not None:
+        store = CheckpointStore(ckpt_dir)
+        latest = store.latest_or_none()
+        report["newest_checkpoint"] = latest
+        if latest is not None:
+            try:
+                report["checkpoint_age_s"] = round(time.time() - store.read_manifest(latest).created_at, 1)
+            except CkptError as exc:
+                notes.append(f"newest checkpoint: {exc.message}")
     state = job_state(job_id) if job_id else None
-    if target.isdigit() and state is None:
-        raise CkptError(
-            f"SLURM knows no job {target}",
-            "it may have ended before MinJobAge (`sacct -c` keeps finished jobs only with jobcomp): pass the --ckpt-dir of the run instead",
-            ExitCode.NOT_FOUND,
-        )
     report["job_id"] = job_id
     report["job_state"] = state.state if state else None
     report["slurm_restarts"] = state.restarts if state else None
@@ -87,7 +105,7 @@ def status(
         {(e.get("round"), e.get("attempt"), e.get("node") is None) for e in events if e["event"] == "restarted"}
     )
     report["health"] = fold_health(events).to_json()
-    report["ranks"] = read_rank_health(Path(report["run_dir"])) if "run_dir" in report else []
+    report["ranks"] = read_rank_health(run_dir)
     finals = [
         e["event"]
         for e in events
@@ -108,6 +126,8 @@ def status(
             f"newest checkpoint: {'step ' + str(report['newest_checkpoint']) if report['newest_checkpoint'] is not None else 'none yet'}"
             + (f" ({age:.0f} s old)" if age is not None else "")
         )
+    if "found" in report:
+        out.print(f"run directory: {escape(report['found'])}")
     if report["final"]:
         out.print(f"final state: [bold]{report['final']}[/]")
     _print_health(report["health"])
@@ -173,7 +193,7 @@ def _details(e: dict[str, Any], prefix: str = "") -> str:
 
 
 def history(
-    target: Path = typer.Argument(..., help="A checkpoint directory or a run directory.", show_default=False),
+    target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
     plot: Path | None = typer.Option(
         None, "--plot", help="Also draw the story here (PNG, SVG, PDF, JPEG: by the suffix): the loss by step, every event marked."
     ),
@@ -202,10 +222,10 @@ def history(
 
         check_target(plot)  # a directory, a missing parent, a suffix that names no format: before any work
 
-    run_dir, ckpt_dir = locate(target)
+    run_dir, ckpt_dir, _, found = _job_or_dir(target)
     records, skipped = load_events(run_dir)
     timeline = [{"source": "run", **e} for e in records]
-    notes = [n for n in [_skipped_note(run_dir, skipped)] if n]
+    notes = found + [n for n in [_skipped_note(run_dir, skipped)] if n]
     if ckpt_dir is not None and ckpt_dir.is_dir() and (ckpt_dir / "index.jsonl").exists():
         log = CheckpointStore(ckpt_dir).event_log()
         timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in log.events]

@@ -71,3 +71,18 @@ def job_state(job_id: str) -> JobState | None:
     if not rows:
         return None
     return JobState(job_id, rows[-1][1], len(rows) - 1, None, "sacct -c")
+
+
+def job_record(job_id: str) -> tuple[str, str | None] | None:
+    """What scontrol still holds of a job: ``scontrol show job -dd`` and its batch script
+    (``scontrol write batch_script JOB -``; None when it cannot give it), or None when scontrol
+    no longer knows the job (ended before MinJobAge) or does not answer."""
+    try:
+        shown = _run(["scontrol", "show", "job", "-dd", job_id])
+    except CkptError:
+        return None
+    try:
+        script: str | None = _run(["scontrol", "write", "batch_script", job_id, "-"])
+    except CkptError:
+        script = None
+    return shown, script
