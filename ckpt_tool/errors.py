@@ -18,13 +18,16 @@ class ExitCode:
     REQUEUE = 75  # `ckpt run`: stopped on request after committing a checkpoint: requeue me (EX_TEMPFAIL)
     CRASH_LOOP = 76  # `ckpt run`: failures in a row without progress; restarting would not help
     NODE_FAULT = 77  # `ckpt run`: a node keeps failing; the round ended so that the job can leave it behind
+    # Saves failed (disk full, read-only, permissions, I/O errors): max_failed_saves in a row, or the
+    # final save; the previous checkpoint is intact. Not restarted: the same disk fails the same way.
+    SAVE_FAILED = 78
     # `ckpt verify`: nothing to verify, the checkpoint was saved without a probe (not damage: `ckpt validate` applies)
     NOTHING_TO_VERIFY = 5
 
 
 # Failures a restart cannot fix: the same command line, configuration or checkpoint would fail
 # again. `ckpt run` stops at once when a rank reports one (it does not restart it).
-RESTART_CANNOT_HELP = frozenset({ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.CONFLICT})
+RESTART_CANNOT_HELP = frozenset({ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.CONFLICT, ExitCode.SAVE_FAILED})
 
 
 class CkptError(Exception):

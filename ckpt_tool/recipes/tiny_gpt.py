@@ -134,6 +134,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--corpus-tokens", type=int, default=200_000)
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--keep-every", type=int)
+    p.add_argument("--max-failed-saves", type=int, default=3, help="failed saves in a row that stop the run with exit code 78 (0: never)")
     p.add_argument("--save-delay", type=float, default=0.0, help="test hook: seconds of extra delay between writing and committing a save")
     p.add_argument(
         "--crash-in-save-at", type=int, help="rank 0 dies with SIGKILL inside this step's save, its files written but not committed, once"
@@ -186,6 +187,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             local_dir=args.local_dir,
             local_replicas=args.local_replicas,
             retention=RetentionPolicy(args.keep_last, args.keep_every),
+            max_failed_saves=args.max_failed_saves,
             entry_point=ENTRY_POINT,
             entry_kwargs={"seq_len": c.seq_len, "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head, "vocab": c.vocab},
         ),

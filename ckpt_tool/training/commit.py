@@ -91,6 +91,8 @@ def commit_entries(
                 f"commit of step {step} failed: {exc}",
                 f"the previous checkpoint is intact; check free space and permissions in {store.root}",
             )
+            # kept for the saver's message (ENOSPC...): an attribute survives the broadcast, a __cause__ does not
+            error.os_error = OSError(exc.errno, exc.strerror, exc.filename) if exc.errno is not None else exc  # type: ignore[attr-defined]
     error = comm.broadcast(error)
     if error is not None:
         raise error

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from ckpt_tool.core.retention import RetentionPolicy
 
+DEFAULT_MAX_FAILED_SAVES = 3  # failed saves in a row that stop a run (each costs an interval without a checkpoint)
 DEFAULT_IO_THREADS = 4  # DCP writer threads = files per rank (4 was fastest in bench/save_throughput.py)
 
 
@@ -38,8 +39,14 @@ class CheckpointConfig:
         io_threads: DCP writer threads (files per rank), and files read at once by resume().
         entry_point / entry_kwargs: ``"module:function"`` that builds the model for ``ckpt
             verify``, and the JSON keyword arguments it is called with (recorded in the manifest).
-        on_save_error: ``"stop"`` raises a failed save's ``CkptError`` (disk full, permissions:
-            a run that cannot checkpoint trains without a safety net); ``"continue"`` logs it.
+        max_failed_saves: a save that fails on the disk (full, read-only, permissions, I/O
+            errors) is logged as a warning, its partial files removed, LATEST left alone, and
+            retried at the next save; this many failures in a row raise ``CkptError`` with exit
+            code 78 (``ExitCode.SAVE_FAILED``, not restarted by ``ckpt run``). 1: the first
+            failure stops; 0: never stop. A failed final save (``close()``) or a failed save of
+            a stop request always stops (there is no later save to retry at), unless 0.
+        on_save_error: the older spelling: ``"stop"`` is ``max_failed_saves=1``, ``"continue"``
+            is ``max_failed_saves=0``; None (default): ``max_failed_saves`` decides.
         take_over: write even if another live job owns the directory.
         save_final: ``close()`` saves the last step given to ``maybe_save()`` if it is not saved.
         owner_stale_after_s: an owning job not seen for this long is presumed dead.
@@ -67,7 +74,8 @@ class CheckpointConfig:
     io_threads: int = DEFAULT_IO_THREADS
     entry_point: str | None = None
     entry_kwargs: dict[str, Any] = field(default_factory=dict)
-    on_save_error: str = "stop"
+    max_failed_saves: int = DEFAULT_MAX_FAILED_SAVES
+    on_save_error: str | None = None
     take_over: bool = False
     save_final: bool = True
     owner_stale_after_s: float = 300.0
@@ -79,8 +87,21 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.save_every, int) or self.save_every < 0:
             raise ValueError(f"save_every must be a non-negative integer, got {self.save_every!r}")
-        if self.on_save_error not in ("stop", "continue"):
-            raise ValueError(f"on_save_error must be 'stop' or 'continue', got {self.on_save_error!r}")
+        if not isinstance(self.max_failed_saves, int) or self.max_failed_saves < 0:
+            raise ValueError(
+                f"max_failed_saves must be a non-negative integer (0: never stop for a failed save), got {self.max_failed_saves!r}"
+            )
+        if self.on_save_error is not None:
+            if self.on_save_error not in ("stop", "continue"):
+                raise ValueError(f"on_save_error must be 'stop' or 'continue', got {self.on_save_error!r}")
+            # the older spelling of max_failed_saves (stop at the first failure, or never)
+            meant = 1 if self.on_save_error == "stop" else 0
+            if self.max_failed_saves not in (meant, DEFAULT_MAX_FAILED_SAVES):
+                raise ValueError(
+                    f"on_save_error={self.on_save_error!r} means max_failed_saves={meant}, but max_failed_saves={self.max_failed_saves!r} "
+                    "was given: give only max_failed_saves"
+                )
+            object.__setattr__(self, "max_failed_saves", meant)
         if self.io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {self.io_threads!r}")
         for name in ("local_every", "local_replicas"):

@@ -85,7 +85,13 @@ class HashingFileSystem(FileSystem):
                     yield writer
                     writer.flush()
             except BaseException as exc:
-                self.write_failures.append(exc)
+                os_error = _os_error_behind(exc, path)
+                self.write_failures.append(os_error or exc)
+                if os_error is not None and os_error is not exc:
+                    # torch.save into the stream turns a failed write (ENOSPC) into "RuntimeError:
+                    # unexpected pos", the OSError only its __context__, which DCP's gather of the
+                    # ranks' failures drops: the OSError itself (with the file) goes to DCP instead.
+                    raise os_error from exc
                 raise
             self.written[path.name] = FileDigest(name, writer.size, writer.hasher.hexdigest())
         elif self.expected is not None:
@@ -167,6 +173,20 @@ class HashingFileSystem(FileSystem):
         digest = self.written.pop(Path(path).name, None)
         if digest is not None:
             self.written[Path(new_path).name] = digest
+
+
+def _os_error_behind(exc: BaseException, path: Path) -> OSError | None:
+    """The OSError that caused ``exc`` (itself, or in its chain), with ``path`` as its file."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            if e.filename is None and e.errno is not None:
+                return OSError(e.errno, e.strerror, str(path))  # the same subclass (errno maps it)
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def hashing_writer(partial: Path, run_id: str, step: int, threads: int) -> tuple[FileSystemWriter, HashingFileSystem]:

@@ -262,6 +262,8 @@ class CheckpointManager:
         self._last_step, self._last_extra = step, extra
         stop = self.hb.active and self._step_sync(step)
         saved = False
+        if stop:
+            self.saver.closing = True  # the stop's save is the last: a failure stops (exit 78), it cannot say "committed"
         if stop or (self.config.save_every and step % self.config.save_every == 0):
             self.save(step, extra)
             saved = True
@@ -289,10 +291,14 @@ class CheckpointManager:
         the copy to CPU memory must finish before the next optimizer step (a step pre-hook
         waits for it); writing, hashing and committing run in the background.
 
+        A save that fails on the disk (full, read-only, I/O error, vanished directory) is logged
+        as a warning on rank 0, its partial files removed, LATEST left alone; the next save
+        retries (``max_failed_saves``).
+
         Raises:
-            CkptError: the save failed (disk full, read-only, vanished directory: exit 1, with
-                ``on_save_error="stop"``), the step is behind the newest checkpoint (exit 2), or
-                another job took the directory over (exit 4).
+            CkptError: ``max_failed_saves`` saves failed in a row (exit 78: the message names the
+                OS error, the directory, the bytes needed and free), the step is behind the
+                newest checkpoint (exit 2), or another job took the directory over (exit 4).
         """
         if self._closed:
             raise CkptError("save() after close()", "create a new CheckpointManager")
@@ -334,12 +340,14 @@ class CheckpointManager:
         is propagating (the state may be half-way through a step) or at interpreter exit.
 
         Raises:
-            CkptError: the final or in-flight save failed (see ``save()``).
+            CkptError: the final or in-flight save failed (exit 78: no later save could retry it,
+                unless ``max_failed_saves=0``), or see ``save()``.
         """
         with self._lock:
             if self._closed:
                 return
         want_final = self.config.save_final if final is None else final
+        self.saver.closing = True  # no later save: a failure of the final or the in-flight save stops
         if want_final and self._last_step is not None and self._last_step != self.last_saved_step and sys.exc_info()[0] is None:
             self.save(self._last_step, self._last_extra)
         with self._lock:
@@ -359,7 +367,10 @@ class CheckpointManager:
             atexit.unregister(self._close_at_exit)
 
     def _close_at_exit(self) -> None:
-        self.close(final=False)
+        try:
+            self.close(final=False)
+        except CkptError as exc:  # at interpreter exit: say it, without a traceback
+            log.error("ckpt: %s (hint: %s)", exc.message, exc.hint)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """SIGTERM under ``ckpt run`` (preemption: SLURM signals every process): checkpoint at the

@@ -3,13 +3,14 @@
 Sync saves return once committed. Async saves return once staging (a copy to CPU memory) has
 started; the copy must finish before the next optimizer step (the manager's step pre-hook waits
 for it); writing, hashing and committing run in a background thread; at most one is in flight.
-A failed save removes its staging directory and says why (free space, the previous checkpoint);
-``on_save_error`` decides whether that stops the training.
+A failed save removes its staging directory, never moves LATEST and says why (the OS error, the
+free space and the bytes needed, the previous checkpoint); the training goes on and retries at the
+next save until ``max_failed_saves`` failures in a row stop it (``save_failures``). An async
+save's failure is noticed at the next save or at ``close()`` and counted the same way.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import shutil
 import time
@@ -36,6 +37,7 @@ from ckpt_tool.training.heartbeat import Heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
 from ckpt_tool.training.rank_state import TrainingState
 from ckpt_tool.training.safe_dcp import dcp_failures, single_process_quietly
+from ckpt_tool.training.save_failures import FailedSavePolicy, Needed, SaveFailure, describe, human_bytes
 from ckpt_tool.training.torch_state import align_replicated_buffers, live_state
 
 log = logging.getLogger("ckpt_tool")
@@ -68,6 +70,10 @@ class Saver:
         self._inflight: Future | None = None
         self._staging: Future | None = None
         self._stager: Any = None
+        self.policy = FailedSavePolicy(config.max_failed_saves)
+        self.failed_in_a_row = 0  # failed saves since the last commit (reset by a commit)
+        self.closing = False  # no later save will retry a failure now (close, a stop request's save)
+        self._rank_bytes = 0  # this rank's tensor bytes in the save under way (the bytes it needed)
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, extra: dict[str, Any] | None) -> None:
@@ -83,12 +89,13 @@ class Saver:
         if self.probe is not None:
             dcp_state["probe"] = self.probe.batch
         rank_json = state_codec.dumps(self.state.capture(step, extra))
+        self._rank_bytes = tensor_bytes(dcp_state) + len(rank_json)
         if not self.store.root.is_dir():  # never recreate it: that would start a new, empty history
             self.handle_error(
                 CkptError(
                     f"checkpoint directory {self.store.root} vanished (unmounted or deleted?)",
                     "restore or remount it; the previous checkpoints are wherever it went",
-                    ExitCode.FAILED,
+                    ExitCode.SAVE_FAILED,
                 )
             )
             return
@@ -100,14 +107,18 @@ class Saver:
         writer, fs = hashing_writer(partial, self.run_id, step, self.config.io_threads)  # hashes as it writes
         commit_args = (fs, step, rank_json, probe, time.time(), self.env())
         if self.config.async_save:
-            with single_process_quietly():
-                response = dcp.async_save(
-                    dcp_state,
-                    storage_writer=writer,
-                    process_group=self.comm.group,
-                    async_stager=self._get_stager(),
-                    no_dist=not self.comm.distributed,
-                )
+            try:
+                with single_process_quietly():
+                    response = dcp.async_save(
+                        dcp_state,
+                        storage_writer=writer,
+                        process_group=self.comm.group,
+                        async_stager=self._get_stager(),
+                        no_dist=not self.comm.distributed,
+                    )
+            except (CheckpointException, OSError) as exc:
+                self.handle_error(self._failed(step, exc))
+                return
             self._staging = response.staging_completion
             self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
         else:
@@ -209,40 +220,61 @@ class Saver:
         except (CkptError, OSError) as exc:
             raise self._failed(step, exc) from None
         self.committed_step = step
+        self.failed_in_a_row = 0
         self.hb.checkpoint_committed(step)
 
     # ------------------------------------------------------------------ failures
     def _failed(self, step: int, exc: BaseException) -> CkptError:
-        """Remove the staging directory of a failed save and say why, with the space involved."""
-        if self.comm.is_coordinator:
-            self.store.discard_staging(step)
+        """Remove the staging directory of a failed save and say why, with the space involved.
+        Every rank removes it (all of them are done with it when DCP or the commit raises), so
+        that each measures the free space without the partial files."""
+        self.store.discard_staging(step)
         if isinstance(exc, CkptError) and exc.exit_code == ExitCode.CONFLICT:  # not a disk problem
             return CkptError(f"saving step {step} failed: {exc.message}", exc.hint, exc.exit_code)
         cause = root_os_error(exc)
         latest = self.store.latest_or_none()
-        hint = (
-            f"the previous checkpoint (step {latest}) is intact and the partial files were removed"
-            if latest is not None
-            else "no checkpoint was committed yet; the partial files were removed"
+        shown = cause or first_failure(exc)
+        text = (cause.strerror if cause is not None else None) or (shown.message if isinstance(shown, CkptError) else str(shown))
+        failure = SaveFailure(
+            step=step,
+            root=self.store.root,
+            error_type=type(shown).__name__,
+            error_text=(text or repr(shown)).splitlines()[0],
+            errno=cause.errno if cause is not None else None,
+            filename=str(cause.filename) if cause is not None and cause.filename else None,
+            free=_free_bytes(self.store.root),
+            needed=self._needed(latest),
+            latest=latest,
         )
-        if cause is not None and cause.errno == errno.ENOSPC:
-            free = shutil.disk_usage(self.store.root).free
-            needed = self.store.read_manifest(latest).total_bytes if latest is not None else None
-            need = f"a checkpoint takes about {needed} bytes" if needed else "the state did not fit"
-            return CkptError(
-                f"saving step {step} failed: no space left on device in {self.store.root} ({free} bytes free; {need})",
-                f"free space there or move --ckpt-dir; {hint}",
-                ExitCode.FAILED,
-            )
-        detail = f"{type(cause or exc).__name__}: {cause or exc}".splitlines()[0]
-        return CkptError(f"saving step {step} to {self.store.root} failed: {detail}", hint, ExitCode.FAILED)
+        return describe(failure)
+
+    def _needed(self, latest: int | None) -> Needed | None:
+        """The bytes this save needed: the previous checkpoint's size (the same model and world
+        write about as much), else this rank's bytes times the ranks."""
+        if latest is not None:
+            try:
+                return Needed(self.store.read_manifest(latest).total_bytes, f"the size of step {latest}")
+            except CkptError:
+                pass
+        if not self._rank_bytes:
+            return None
+        world = self.comm.world_size
+        if world == 1:
+            return Needed(self._rank_bytes, "this process's tensors and state")
+        return Needed(self._rank_bytes * world, f"this rank's {human_bytes(self._rank_bytes)} x {world} ranks")
 
     def handle_error(self, error: CkptError) -> None:
-        """``on_save_error="stop"`` (default): raise; ``"continue"``: log and train on."""
-        if self.config.on_save_error == "continue":
-            log.error("ckpt: %s (training continues without this checkpoint: %s)", error.message, error.hint)
-            return
-        raise error
+        """A failed save: counted and logged as a warning while the training can go on (retried
+        at the next save); raised when ``max_failed_saves`` came in a row, or when no later save
+        would retry (``closing``). What is not a disk failure (a directory taken over, a step
+        going back) is raised at once."""
+        if error.exit_code != ExitCode.SAVE_FAILED:
+            raise error
+        self.failed_in_a_row += 1
+        if self.policy.stops(self.failed_in_a_row, self.closing):
+            raise self.policy.stop_error(error, self.failed_in_a_row, self.closing)
+        if self.comm.is_coordinator:
+            log.error("%s", self.policy.warning(error, self.failed_in_a_row))
 
     # ------------------------------------------------------------------ waiting and shutdown
     def wait_for_staging(self) -> None:
@@ -266,6 +298,34 @@ class Saver:
             self._stager.close()
 
 
+def _free_bytes(root: Any) -> int | None:
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return None
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of this rank's tensors in a (nested) state dict: a DTensor counts its local shard."""
+    if isinstance(state, torch.Tensor):
+        local = getattr(state, "_local_tensor", state)
+        return int(local.numel() * local.element_size())
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
+
+
+def first_failure(exc: BaseException) -> BaseException:
+    """The first rank's exception inside DCP's CheckpointException (its own text only lists the
+    ranks), or ``exc`` itself."""
+    if isinstance(exc, CheckpointException):
+        inner = dcp_failures(exc)
+        return first_failure(inner[0]) if inner else exc
+    return exc
+
+
 def root_os_error(exc: BaseException) -> OSError | None:
     """The OSError behind a failure, looking through DCP's CheckpointException and chains."""
     seen: set[int] = set()
@@ -279,5 +339,5 @@ def root_os_error(exc: BaseException) -> OSError | None:
             return e
         if isinstance(e, CheckpointException):
             todo += dcp_failures(e)
-        todo += [e.__cause__, e.__context__]
+        todo += [getattr(e, "os_error", None), e.__cause__, e.__context__]  # os_error: a commit's (training.commit)
     return None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 
 from ..integration.tiny import make_trainer
@@ -40,7 +40,7 @@ def fill(mnt: Path, leave: int) -> Path:
 @pytest.mark.parametrize("async_save", [False, True])
 def test_full_disk_gives_a_clear_error_and_loses_nothing(small_fs, async_save):
     ckpt = small_fs / "ckpt"
-    t = make_trainer(ckpt, async_save=async_save)
+    t = make_trainer(ckpt, async_save=async_save, max_failed_saves=1)  # the first failure stops
     t.step()
     t.manager.save(1)
     t.manager.wait()
@@ -51,9 +51,10 @@ def test_full_disk_gives_a_clear_error_and_loses_nothing(small_fs, async_save):
     with pytest.raises(CkptError) as err:
         t.manager.save(2)
         t.manager.wait()  # async: the failure surfaces at the next wait or save
-    assert "no space left on device" in err.value.message and str(ckpt) in err.value.message
-    assert "bytes free" in err.value.message and "a checkpoint takes about" in err.value.message
-    assert "step 1" in err.value.hint and "intact" in err.value.hint
+    assert "no space left on device (ENOSPC)" in err.value.message and str(ckpt) in err.value.message
+    assert " free" in err.value.message and "this save needed about" in err.value.message and "the size of step 1" in err.value.message
+    assert "step 1" in err.value.hint and "intact" in err.value.hint and "ckpt prune" in err.value.hint
+    assert err.value.exit_code == ExitCode.SAVE_FAILED
     assert store.read_latest() == 1 and store.check_files(1).ok  # the previous checkpoint is intact
     assert not store.partial_path(2).exists()  # partial files removed
     assert all(torch.equal(a, b) for a, b in zip(params, t.model.parameters(), strict=True))  # training state untouched
@@ -72,7 +73,7 @@ def test_continue_mode_logs_and_trains_on(small_fs, caplog):
     fill(small_fs, leave=4096)
     with caplog.at_level("ERROR", logger="ckpt_tool"):
         t.manager.save(2)  # no exception
-    assert any("no space left on device" in r.message and "training continues" in r.message for r in caplog.records)
+    assert any("no space left on device" in r.message and "Training continues WITHOUT this checkpoint" in r.message for r in caplog.records)
     t.step()
     t.manager.close()
     assert CheckpointStore(ckpt).read_latest() == 1
@@ -80,14 +81,15 @@ def test_continue_mode_logs_and_trains_on(small_fs, caplog):
 
 def test_read_only_filesystem_is_a_clear_error(small_fs):
     ckpt = small_fs / "ckpt"
-    t = make_trainer(ckpt)
+    t = make_trainer(ckpt, on_save_error="stop")
     t.step()
     t.manager.save(1)
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
     try:
         with pytest.raises(CkptError) as err:
             t.manager.save(2)
-        assert "Read-only file system" in err.value.message and "step 1" in err.value.hint
+        assert "Read-only file system" in err.value.message and "[EROFS]" in err.value.message and "step 1" in err.value.hint
+        assert err.value.exit_code == ExitCode.SAVE_FAILED
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
     assert CheckpointStore(ckpt).read_latest() == 1
@@ -95,7 +97,7 @@ def test_read_only_filesystem_is_a_clear_error(small_fs):
 
 def test_vanished_directory_is_not_recreated(tmp_path):
     ckpt = tmp_path / "ckpt"
-    t = make_trainer(ckpt)
+    t = make_trainer(ckpt, max_failed_saves=1)
     t.step()
     t.manager.save(1)
     ckpt.rename(tmp_path / "moved")
