@@ -48,6 +48,10 @@ class CheckpointConfig:
         on_save_error: the older spelling: ``"stop"`` is ``max_failed_saves=1``, ``"continue"``
             is ``max_failed_saves=0``; None (default): ``max_failed_saves`` decides.
         take_over: write even if another live job owns the directory.
+        quiet: no progress lines. By default rank 0 logs one line per commit (step, path, size,
+            seconds) and one per resume (the step, its path, and why: the newest valid checkpoint
+            or which newer ones it fell back past) on the ``ckpt_tool.progress`` logger, to stderr
+            when the program configured no logging.
         save_final: ``close()`` saves the last step given to ``maybe_save()`` if it is not saved.
         owner_stale_after_s: an owning job not seen for this long is presumed dead.
         local_every: the fast tier: every this many steps (0: off) each rank saves its shards to
@@ -77,6 +81,7 @@ class CheckpointConfig:
     max_failed_saves: int = DEFAULT_MAX_FAILED_SAVES
     on_save_error: str | None = None
     take_over: bool = False
+    quiet: bool = False
     save_final: bool = True
     owner_stale_after_s: float = 300.0
     local_every: int = 0

@@ -40,7 +40,7 @@ from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.reshard import ReshardPlan
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.training import state_codec
+from ckpt_tool.training import progress, state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig, Stateful
 from ckpt_tool.training.heartbeat import Heartbeat, heartbeat
@@ -137,6 +137,8 @@ class CheckpointManager:
                 exported,
                 self.store.root,
             )
+        if self.comm.is_coordinator and not config.quiet:
+            progress.enable()
         self.claim = DirectoryClaim(self.store, self.comm, config.owner_stale_after_s, config.take_over)
         self.mesh: Mesh = run_mesh(mesh if mesh is not None else parallelism, self.comm.world_size, must_divide)
         env = lambda: current_env(model, self.mesh)  # noqa: E731
@@ -223,6 +225,11 @@ class CheckpointManager:
             resumed = Resumption(self.config, self.state, self.probe_spec, self.store, self.comm, self._env, self.request, self.mesh).run()
         if self.local is not None:
             self.local.forget_after(resumed.step if resumed is not None else None)
+        if self.comm.is_coordinator and not self.config.quiet:
+            if resumed is None:
+                progress.progress.info(progress.fresh_line(self.store.root))
+            else:
+                progress.progress.info(progress.resumed_line(resumed.step, Path(resumed.where), resumed.skipped))
         if resumed is None:
             self.hb.beat(0, "step")
             return None
@@ -239,7 +246,8 @@ class CheckpointManager:
         local = self.local.resume(self.state, shared_newest, rolled_back_at)
         if local is None:
             return None
-        return Resumed(local.step, local.run_id, local.batch, None, self.state.restore(local.rank_state))
+        where = "the fast tier (node-local copies), newer than the shared tier's newest"
+        return Resumed(local.step, local.run_id, local.batch, None, self.state.restore(local.rank_state), where)
 
     def _local_floor(self) -> tuple[int | None, float]:
         """What a local step must be newer than: the shared tier's newest step, and the time of its

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ckpt_tool.core import layout
@@ -44,6 +45,8 @@ class Resumed:
     batch: BatchConfig | None  # the split to train with from here (the reshard plan's, or the saved one)
     plan: ReshardPlan | None  # set when the mesh changed
     extra: dict[str, Any]
+    where: Path | str = ""  # the checkpoint's directory (or the tier it came from)
+    skipped: list[str] = field(default_factory=list)  # why newer candidates were passed over (rank 0 knows)
 
 
 class Resumption:
@@ -63,6 +66,7 @@ class Resumption:
         self.config, self.state, self.probe, self.store, self.comm = config, state, probe, store, comm
         self.env, self.requested, self.mesh = env, requested, mesh
         self._model_differs = False  # the last load left checkpoint entries of the model unused
+        self.skipped: list[str] = []  # rank 0: why each newer candidate was passed over, for the resume's line
 
     def run(self) -> Resumed | None:
         """The resumed checkpoint, or None on a fresh start (no checkpoint at all)."""
@@ -82,7 +86,7 @@ class Resumption:
                 problems = self._verify_loaded(candidate)
             if not problems:
                 assert resumed is not None
-                return resumed
+                return Resumed(**{**resumed.__dict__, "skipped": list(self.skipped)})
             if self.comm.is_coordinator:
                 self._fall_back(candidate, problems)
             self.comm.barrier()
@@ -110,6 +114,7 @@ class Resumption:
                 ExitCode.NOT_FOUND,
             )
         log.warning("ckpt: %s; falling back to step %d", reason, step)
+        self.skipped.append(f"{reason} (LATEST moved to step {step})")
         self.store.set_latest(step, reason)
         return step
 
@@ -158,13 +163,12 @@ class Resumption:
             self.store.append_event(
                 "reshard", step=step, from_world_size=manifest.world_size, to_world_size=self.comm.world_size, batch=plan.to_json()
             )  # the plan's JSON holds both meshes
-        log.info("ckpt: resumed from %s (step %d)", path, step)
         if manifest.adopted:
-            log.info("ckpt: started from the weights adopted in %s (step %d): fresh optimizer", path, step)
+            self.skipped.append("nothing: these are the weights `ckpt adopt` put there (fresh optimizer and data position)")
             batch = self.requested.resolve(self.mesh.dp_size) if self.requested is not None else None
         else:
             batch = plan.new if plan is not None else self._batch_same_size(manifest)
-        return Resumed(step, manifest.run_id, batch, plan, extra), []
+        return Resumed(step, manifest.run_id, batch, plan, extra, path), []
 
     def _load_into(self, live: LiveState, manifest: Manifest) -> tuple[dict[str, Any], list[str]]:
         """DCP load into ``live``'s state dicts, every file hash-checked as it is read; returns
@@ -254,6 +258,7 @@ class Resumption:
         reason = "; ".join(problems[:5])
         log.error("ckpt: checkpoint step %d is damaged (%s): quarantining it", bad, reason)
         self.store.quarantine(bad, reason)
+        self.skipped.append(f"step {bad} (damaged and quarantined, see above)")
         previous = fallback_step(self.store.committed_on_disk(), bad)
         if previous is not None:
             self.store.set_latest(previous, f"step {bad} damaged: {reason}")

@@ -35,6 +35,7 @@ from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
 from ckpt_tool.training.heartbeat import Heartbeat
 from ckpt_tool.training.probe import ProbeSpec, measure
+from ckpt_tool.training.progress import committed_line, progress
 from ckpt_tool.training.rank_state import TrainingState
 from ckpt_tool.training.safe_dcp import dcp_failures, single_process_quietly
 from ckpt_tool.training.save_failures import FailedSavePolicy, Needed, SaveFailure, describe, human_bytes
@@ -200,20 +201,11 @@ class Saver:
         assert self.run_id is not None
         run_id = self.run_id
 
+        made: list[Manifest] = []
+
         def make_manifest(files: tuple[FileEntry, ...]) -> Manifest:
-            return Manifest(
-                run_id=run_id,
-                step=step,
-                created_at=created_at,
-                world_size=self.comm.world_size,
-                files=files,
-                batch=self.batch,
-                mesh=self.mesh,
-                env=env,
-                probe=probe,
-                entry_point=self.config.entry_point,
-                entry_kwargs=self.config.entry_kwargs,
-            )
+            made.append(manifest := self._manifest(run_id, step, created_at, files, env, probe))
+            return manifest
 
         try:
             commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
@@ -222,6 +214,25 @@ class Saver:
         self.committed_step = step
         self.failed_in_a_row = 0
         self.hb.checkpoint_committed(step)
+        if made and not self.config.quiet:  # rank 0 made the manifest
+            progress.info(committed_line(step, self.store.step_path(step), made[0].total_bytes, time.time() - created_at))
+
+    def _manifest(
+        self, run_id: str, step: int, created_at: float, files: tuple[FileEntry, ...], env: dict[str, Any], probe: Probe | None
+    ) -> Manifest:
+        return Manifest(
+            run_id=run_id,
+            step=step,
+            created_at=created_at,
+            world_size=self.comm.world_size,
+            files=files,
+            batch=self.batch,
+            mesh=self.mesh,
+            env=env,
+            probe=probe,
+            entry_point=self.config.entry_point,
+            entry_kwargs=self.config.entry_kwargs,
+        )
 
     # ------------------------------------------------------------------ failures
     def _failed(self, step: int, exc: BaseException) -> CkptError:
