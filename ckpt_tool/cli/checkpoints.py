@@ -53,7 +53,8 @@ def open_checkpoints(directory: Path) -> CheckpointStore:
 
 
 def resolve_step(store: CheckpointStore, step: int | None) -> int:
-    """``--step N`` (exit 3 when no such step directory exists), else the step LATEST names."""
+    """``--step N`` (exit 3 when no such step directory exists), else the step LATEST names (a
+    LATEST that is missing or names no committed step: what is wrong and the repair command)."""
     if step is not None:
         if not 0 <= step <= layout.MAX_STEP:
             raise CkptError(
@@ -62,16 +63,7 @@ def resolve_step(store: CheckpointStore, step: int | None) -> int:
         if not store.step_path(step).is_dir():
             raise store.no_such_step(step)
         return step
-    latest = store.read_latest()
-    if latest is None:
-        raise CkptError(f"{store.root} has no LATEST checkpoint yet", "pass --step N, or see `ckpt list`", ExitCode.NOT_FOUND)
-    if not store.step_path(latest).is_dir():
-        raise CkptError(
-            f"LATEST in {store.root} names step {latest}, whose directory is missing",
-            f"run `ckpt rollback {store.root} --auto` to point it at the newest valid checkpoint",
-            ExitCode.FAILED,
-        )
-    return latest
+    return store.require_latest()
 
 
 def note(text: str | None) -> None:
@@ -88,17 +80,7 @@ def list_checkpoints(
     """Show every checkpoint in DIR: step, status, time, size, world size, global batch, probe loss."""
     store = open_checkpoints(directory)
     if latest:
-        step = store.read_latest()
-        if step is None:
-            raise CkptError(
-                f"{directory} has no committed checkpoint yet", "a training run writes LATEST at its first save", ExitCode.NOT_FOUND
-            )
-        if not (store.step_path(step) / layout.MANIFEST_NAME).is_file():
-            raise CkptError(
-                f"LATEST in {directory} names step {step}, which is not a committed checkpoint (missing or damaged)",
-                f"run `ckpt rollback {directory} --auto`",
-                ExitCode.FAILED,
-            )
+        step = store.require_latest()
         print_json({"step": step}) if as_json else print(step)
         return
     listing = store.listing()

@@ -57,6 +57,38 @@ class InspectionMixin:
             tuple(rows), latest, latest_problem(latest, pointer_error, step_dirs, any(step_dirs.values())), (note,) if note else ()
         )
 
+    def require_latest(self: CheckpointStore) -> int:
+        """The step LATEST names when it is a committed checkpoint (one read on that path); else
+        what is wrong with LATEST and the command that repairs it: no LATEST in a directory that
+        holds committed checkpoints, a step whose directory is gone or has no manifest (exit 1),
+        no checkpoint at all (exit 3)."""
+        latest = self.read_latest()
+        repair = f"run `ckpt rollback {self.root} --auto` to point it at the newest valid checkpoint (`ckpt list {self.root}` shows them)"
+        if latest is None:
+            committed = self.committed_on_disk()
+            if not committed:
+                raise CkptError(
+                    f"{self.root} has no committed checkpoint yet", "a training run writes LATEST at its first save", ExitCode.NOT_FOUND
+                )
+            raise CkptError(
+                f"LATEST is missing in {self.root}, which holds committed checkpoints (steps {', '.join(map(str, committed[-10:]))})",
+                repair,
+                ExitCode.FAILED,
+            )
+        if not self.step_path(latest).is_dir():
+            raise CkptError(
+                f"LATEST in {self.root} names step {latest}, which is not a committed checkpoint: its directory is missing",
+                repair,
+                ExitCode.FAILED,
+            )
+        if not (self.step_path(latest) / layout.MANIFEST_NAME).is_file():
+            raise CkptError(
+                f"LATEST in {self.root} names step {latest}, which is not a committed checkpoint: it has no manifest (damaged)",
+                repair,
+                ExitCode.FAILED,
+            )
+        return latest
+
     def kind(self: CheckpointStore, names: list[str] | None = None) -> layout.DirectoryKind:
         """What this directory is: ours, empty, one step directory, plain DCP, something else."""
         return layout.classify_directory(self.root.name, os.listdir(self.root) if names is None else names)

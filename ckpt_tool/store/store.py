@@ -148,7 +148,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         except (UnicodeDecodeError, ValueError) as exc:
             raise CkptError(
                 f"{path} is damaged: {exc}",
-                "run `ckpt rollback --auto` to point it at the newest valid checkpoint",
+                f"run `ckpt rollback {self.root} --auto` to point it at the newest valid checkpoint",
                 ExitCode.FAILED,
             ) from None
 
@@ -200,7 +200,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
 
     def no_such_step(self, step: int) -> CkptError:
         """A step that has no directory here (never saved, deleted by retention, or quarantined)."""
-        steps = [e.step for e in self._scan() if e.kind is layout.EntryKind.STEP]
+        steps = sorted(e.step for e in self._scan() if e.kind is layout.EntryKind.STEP)
         shown = ", ".join(map(str, steps[-10:])) if steps else "none"
         quarantined = self.quarantine_root / layout.step_dir_name(step)
         where = (
