@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, note, open_checkpoints, resolve_step, run_entry, step_option
-from ckpt_tool.cli.output import Column, err, escape, human, out, print_json, print_table
+from ckpt_tool.cli.output import Column, err, escape, human, out, plural, print_json, print_table, steps_text
 from ckpt_tool.core import layout
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode
@@ -60,7 +60,7 @@ def rollback(
         out.print(f"{'would move' if dry_run else 'moved'} LATEST from step {report.previous_latest} to step {report.target}")
     if report.quarantined:
         out.print(
-            f"{'would quarantine' if dry_run else 'quarantined'} steps {human(list(report.quarantined))} into {escape(str(directory / layout.QUARANTINE_NAME))}"
+            f"{'would quarantine' if dry_run else 'quarantined'} {steps_text(report.quarantined)} into {escape(str(directory / layout.QUARANTINE_NAME))}"
         )
     for text in report.notes:
         note(text)
@@ -97,6 +97,12 @@ def prune(
             err.print(f"[yellow]step {step} failed validation:[/] {escape(str(result.problems[0]))}; it is kept and no longer counts")
         return result.ok
 
+    from ckpt_tool.core.index import known_invalid
+
+    latest = store.read_latest()
+    if latest is None and store.committed_on_disk():
+        store.require_latest()  # retention keeps everything without LATEST: say why and how to repair it
+    invalid = sorted(known_invalid(store.events()) & set(store.committed_on_disk()))  # before this prune's own checks
     victims = store.apply_retention(RetentionPolicy(keep_last, keep_every), dry_run=dry_run, confirm=confirm)
     if as_json:
         print_json(
@@ -104,14 +110,25 @@ def prune(
                 "dry_run": dry_run,
                 "deleted": [] if dry_run else victims,
                 "would_delete": victims if dry_run else [],
+                "not_counted": invalid,
+                "latest_invalid": latest in invalid,
                 "notes": [n for n in notes if n],
             }
         )
         return
+    if invalid:
+        which = ", ".join(f"{s} (LATEST)" if s == latest else str(s) for s in invalid)
+        err.print(
+            f"[yellow]recorded invalid:[/] {'step' if len(invalid) == 1 else 'steps'} {which}: kept, and not counted by --keep-last {keep_last}"
+        )
+    if latest in invalid:
+        err.print(
+            f"[yellow]hint:[/] {escape(f'LATEST names a damaged checkpoint: run `ckpt rollback {directory} --auto` to move it to the newest good one')}"
+        )
     if not victims:
         out.print("nothing to delete")
     else:
-        out.print(f"{'would delete' if dry_run else 'deleted'} steps {human(victims)}")
+        out.print(f"{'would delete' if dry_run else 'deleted'} {steps_text(victims)}")
     for text in notes:
         note(text)
 
@@ -218,13 +235,13 @@ def reshard(
             (name, w, meshes[name], b["micro_batch"], b["grad_accum"], b["global_batch"])
             for name, b, w in (("old", plan["old"], report.old_world_size), ("new", plan["new"], report.new_world_size))
         ],
-        title=f"reshard step {report.step}: {report.old_world_size} -> {report.new_world_size} ranks",
+        title=f"reshard step {report.step}: {report.old_world_size} -> {plural(report.new_world_size, 'rank')}",
     )
     out.print(f"data position (global, unchanged): {escape(human(report.data_position))}")
     if out_dir is not None and not dry_run:
         out.print(
-            f"wrote step {report.step} laid out for {world_size} ranks ({report.new_mesh.describe()}) to {escape(str(out_dir))}; "
-            f"resume there with {world_size} ranks and tp {report.new_mesh.size('tp')}"
+            f"wrote step {report.step} laid out for {plural(world_size, 'rank')} ({escape(report.new_mesh.describe())}) to {escape(str(out_dir))}; "
+            f"resume there with {plural(world_size, 'rank')} and tp {report.new_mesh.size('tp')}"
         )
     elif in_place and not dry_run:
         out.print("recorded in the manifest's lineage: resume the job at the new size")

@@ -158,10 +158,26 @@ def quarantine_restore(
         out.print(f"would restore {row.item.name} as {step_dir}")
     else:
         verdict = "valid" if result.ok else f"[red]damaged[/]: {escape('; '.join(str(p) for p in result.problems[:3]))}"
-        hint = f"`ckpt rollback {escape(str(directory))} --to {row.item.step}` makes it the newest"
-        out.print(f"restored {row.item.name} as {step_dir} ({verdict}); LATEST unchanged: {hint}")
+        latest = open_checkpoints(directory).latest_or_none()
+        out.print(f"restored {escape(row.item.name)} as {step_dir} ({verdict}); LATEST unchanged")
+        out.print(f"[yellow]hint:[/] {escape(restore_hint(directory, row.item.step, result.ok, latest))}")
     if valid is False:
         raise typer.Exit(ExitCode.FAILED)  # restored as asked, but what came back is damaged
+
+
+def restore_hint(directory: Path, step: int, valid: bool, latest: int | None) -> str:
+    """What can be done with a restored checkpoint: only a valid one can become LATEST
+    (`ckpt rollback --to` refuses a damaged one); an older one moves the newer steps aside."""
+    if not valid:
+        return (
+            f"a damaged checkpoint cannot become LATEST (`ckpt rollback --to {step}` refuses it); "
+            f"`ckpt validate {directory} --step {step}` lists its problems"
+        )
+    if latest is not None and step < latest:
+        return f"`ckpt rollback {directory} --to {step}` makes it LATEST and moves the newer steps into quarantine"
+    if latest == step:
+        return "LATEST already names it"
+    return f"`ckpt rollback {directory} --to {step}` makes it LATEST"
 
 
 @quarantine_app.command("purge")
@@ -179,5 +195,5 @@ def quarantine_purge(
         key = "would_delete" if dry_run else "deleted"
         print_json({key: [r.to_json() for r in gone], "dry_run": dry_run, "bytes": sum(r.bytes for r in gone)})
         return
-    names = ", ".join(r.item.name for r in gone) or "nothing"
+    names = escape(", ".join(r.item.name for r in gone) or "nothing")
     out.print(f"{'would delete' if dry_run else 'deleted'} {names} ({size(sum(r.bytes for r in gone))})")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,22 @@ from rich.text import Text
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
-__all__ = ["out", "err", "escape", "Column", "print_table", "print_json", "human", "when", "when_short", "size", "shorten", "is_terminal"]
+__all__ = [
+    "out",
+    "err",
+    "escape",
+    "Column",
+    "print_table",
+    "print_json",
+    "human",
+    "when",
+    "when_short",
+    "size",
+    "shorten",
+    "plural",
+    "steps_text",
+    "is_terminal",
+]
 
 
 def is_terminal() -> bool:
@@ -66,6 +81,19 @@ def size(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1000
     return "-"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def steps_text(steps: Iterable[int]) -> str:
+    """``step 40``, ``steps 5, 10, 15`` (sorted), ``no step``."""
+    ordered = sorted(steps)
+    if not ordered:
+        return "no step"
+    return ("step " if len(ordered) == 1 else "steps ") + ", ".join(map(str, ordered))
 
 
 def shorten(text: str, limit: int) -> str:

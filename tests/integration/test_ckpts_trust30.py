@@ -136,3 +136,67 @@ def test_verify_entry_finds_a_module_in_the_working_directory(ckpt, away):
     proc = ckpt_in(away, "verify", ckpt, "--entry", "mymodel:build", "--json")
     assert proc.returncode == 0, said(proc)
     assert json.loads(proc.stdout)["ok"] is True
+
+
+def flip_bit(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+# ------------------------------------------------------------------ 5. LATEST deleted while committed checkpoints exist
+@pytest.mark.parametrize("args", [("list", "--latest"), ("validate",), ("inspect",), ("export",), ("verify",)])
+def test_a_missing_latest_is_named_with_the_repair_command_everywhere(ckpt, away, args):
+    (ckpt / layout.LATEST_NAME).unlink()
+    proc = ckpt_in(away, args[0], ckpt, *args[1:])
+    text = said(proc)
+    assert proc.returncode == 1, text
+    assert f"LATEST is missing in {ckpt}, which holds committed checkpoints (steps 5, 10, 15, 20)" in text, text
+    assert f"ckpt rollback {ckpt} --auto" in text and "no committed checkpoint yet" not in text, text
+    assert not list(away.iterdir())
+
+
+def test_the_repair_command_for_a_missing_latest_repairs_it(ckpt, away):
+    (ckpt / layout.LATEST_NAME).unlink()
+    assert ckpt_in(away, "rollback", ckpt, "--auto").returncode == 0
+    proc = ckpt_in(away, "list", ckpt, "--latest")
+    assert proc.returncode == 0 and proc.stdout.strip() == "20", said(proc)
+
+
+# ------------------------------------------------------------------ 6. prune says that LATEST is known invalid
+def test_prune_says_latest_is_recorded_invalid_and_not_counted(ckpt, away):
+    flip_bit(ckpt / layout.step_dir_name(20) / "__0_0.distcp")
+    assert ckpt_in(away, "validate", ckpt).returncode == 1  # the index now holds `invalid` for 20
+    proc = ckpt_in(away, "prune", ckpt, "--keep-last", "1")
+    text = said(proc)
+    assert proc.returncode == 0, text
+    assert "deleted steps 5, 10" in text, text
+    assert "recorded invalid: step 20 (LATEST): kept, and not counted by --keep-last 1" in text, text
+    assert f"ckpt rollback {ckpt} --auto" in text, text
+
+
+# ------------------------------------------------------------------ 7. the hint after a restore is true
+def test_restoring_a_damaged_step_does_not_suggest_a_rollback_that_refuses(ckpt, away):
+    assert ckpt_in(away, "rollback", ckpt, "--to", "15").returncode == 0  # 20 goes to quarantine
+    (moved,) = (ckpt / layout.QUARANTINE_NAME).iterdir()
+    flip_bit(moved / "__0_0.distcp")
+    proc = ckpt_in(away, "quarantine", "restore", ckpt, "20")
+    text = said(proc)
+    assert proc.returncode == 1 and "damaged" in text, text
+    assert "makes it" not in text and "cannot become LATEST" in text and f"ckpt validate {ckpt} --step 20" in text, text
+    assert ckpt_in(away, "rollback", ckpt, "--to", "20").returncode != 0  # what the old hint suggested refuses
+
+
+@pytest.mark.parametrize("older", [False, True])
+def test_restoring_a_valid_step_suggests_the_rollback_that_works(ckpt, away, older):
+    assert ckpt_in(away, "rollback", ckpt, "--to", "10").returncode == 0  # 15 and 20 go to quarantine
+    step = 15 if older else 20
+    if older:  # LATEST back to 20: the restored 15 is older than LATEST
+        assert ckpt_in(away, "quarantine", "restore", ckpt, "20").returncode == 0
+        assert ckpt_in(away, "rollback", ckpt, "--to", "20").returncode == 0
+    proc = ckpt_in(away, "quarantine", "restore", ckpt, str(step))
+    text = said(proc)
+    assert proc.returncode == 0 and "(valid)" in text, text
+    assert f"ckpt rollback {ckpt} --to {step}` makes it LATEST" in text, text
+    assert ("moves the newer steps into quarantine" in text) is older, text
+    assert ckpt_in(away, "rollback", ckpt, "--to", str(step)).returncode == 0
