@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ckpt_tool.core.handoff import WARM_MARKER
+from ckpt_tool.core.health import classify_crash
 from ckpt_tool.supervise import channel
 from ckpt_tool.training.step_timing import StepTimer
 
@@ -118,10 +119,16 @@ class Heartbeat:
 
     def _on_uncaught(self, kind: type[BaseException], value: BaseException, tb: object) -> None:
         """An exception ends this rank: tell the supervisor what it was, so that it can tell a
-        failure of this node from a collective that failed because a peer died."""
+        failure of this node from a collective that failed because a peer died. A peer's death
+        is said in one line instead of the traceback (the traceback would only show where this
+        rank waited: the cause is the peer's, and ``ckpt run`` logs it); any other exception
+        prints its traceback as ever."""
         if not issubclass(kind, KeyboardInterrupt):
             error = f"{kind.__module__}.{kind.__qualname__}"
             self.send_event("crashed", error=error, message=str(value)[:500], time=time.time())
+            if classify_crash(error, str(value)) == "peer_failure":
+                print(peer_died_line(self.rank, self.step, kind, value), file=sys.stderr, flush=True)
+                return
         self._previous_hook(kind, value, tb)  # type: ignore[arg-type]
 
     def request_stop(self) -> None:
@@ -161,3 +168,9 @@ def heartbeat() -> Heartbeat:
     if _instance is None or _instance.attempt != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
         _instance = Heartbeat(os.environ.get(channel.ENV_SOCKET))
     return _instance
+
+
+def peer_died_line(rank: int, step: int, kind: type[BaseException], value: BaseException) -> str:
+    """What a rank whose collective failed because a peer died says instead of its traceback."""
+    detail = (str(value).strip().splitlines() or [""])[0][:200]
+    return f"rank {rank}: a peer rank died at step {step} (its collective failed: {kind.__name__}: {detail}); exiting: ckpt run decides the restart"
