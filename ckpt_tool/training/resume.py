@@ -103,20 +103,37 @@ class Resumption:
                 return latest
             if latest is None and not self.store.committed_on_disk():
                 return None
-            reason = "LATEST names a missing checkpoint" if latest is not None else "LATEST is missing"
+            reason = self._latest_problem(latest)
         except CkptError as exc:
             reason = exc.message
         step = fallback_step(self.store.committed_on_disk(), None)
         if step is None:
             raise CkptError(
-                f"{reason} and no committed checkpoint is left in {self.store.root}",
-                "start the run from scratch in a new directory, or restore from quarantine/",
+                f"{reason}, and no committed checkpoint is left in {self.store.root}",
+                f"`ckpt validate {self.store.root} --all` shows what is there; start the run from scratch in a new directory, "
+                f"or restore a checkpoint from {self.store.quarantine_root}",
                 ExitCode.NOT_FOUND,
             )
-        log.warning("ckpt: %s; falling back to step %d", reason, step)
+        log.warning(
+            "ckpt: %s; falling back to step %d (LATEST moved there; `ckpt validate %s --all` checks the others)",
+            reason,
+            step,
+            self.store.root,
+        )
         self.skipped.append(f"{reason} (LATEST moved to step {step})")
         self.store.set_latest(step, reason)
         return step
+
+    def _latest_problem(self, latest: int | None) -> str:
+        """What is wrong with what LATEST names, in the store's words (``read_manifest``)."""
+        if latest is None:
+            return "LATEST is missing"
+        path = self.store.step_path(latest)
+        if path.is_dir():
+            return (
+                f"LATEST names step {latest}, but {path / layout.MANIFEST_NAME} is missing: step {latest} was never committed or is damaged"
+            )
+        return f"LATEST names step {latest}, but {path} does not exist (deleted, moved or quarantined)"
 
     def _check_structure(self, step: int) -> list[str]:
         """Rank 0 checks the files are all there with their sizes and the DCP metadata is safe
