@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_tool.core import layout
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.manifest import Manifest
@@ -97,13 +96,13 @@ class Resumption:
         )
 
     def _candidate(self) -> int | None:
+        """LATEST's step when it names a committed checkpoint; else (said in the store's words,
+        ``require_latest``) the newest committed one, LATEST moved to it; None: a fresh start."""
         try:
             latest = self.store.read_latest()
-            if latest is not None and (self.store.step_path(latest) / layout.MANIFEST_NAME).is_file():
-                return latest
             if latest is None and not self.store.committed_on_disk():
                 return None
-            reason = self._latest_problem(latest)
+            return self.store.require_latest()
         except CkptError as exc:
             reason = exc.message
         step = fallback_step(self.store.committed_on_disk(), None)
@@ -123,17 +122,6 @@ class Resumption:
         self.skipped.append(f"{reason} (LATEST moved to step {step})")
         self.store.set_latest(step, reason)
         return step
-
-    def _latest_problem(self, latest: int | None) -> str:
-        """What is wrong with what LATEST names, in the store's words (``read_manifest``)."""
-        if latest is None:
-            return "LATEST is missing"
-        path = self.store.step_path(latest)
-        if path.is_dir():
-            return (
-                f"LATEST names step {latest}, but {path / layout.MANIFEST_NAME} is missing: step {latest} was never committed or is damaged"
-            )
-        return f"LATEST names step {latest}, but {path} does not exist (deleted, moved or quarantined)"
 
     def _check_structure(self, step: int) -> list[str]:
         """Rank 0 checks the files are all there with their sizes and the DCP metadata is safe

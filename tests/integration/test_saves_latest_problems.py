@@ -28,7 +28,7 @@ def test_latest_on_a_step_without_manifest_says_so_and_falls_back(tmp_path, capl
     with caplog.at_level(logging.INFO, logger="ckpt_tool"):
         assert make_trainer(tmp_path / "c").manager.resume() == 1
     said = caplog.text
-    assert f"LATEST names step 2, but {manifest} is missing: step 2 was never committed or is damaged" in said
+    assert f"LATEST in {store.root} names step 2, which is not a committed checkpoint: it has no manifest (damaged)" in said
     assert "falling back to step 1" in said and f"`ckpt validate {store.root} --all`" in said
     assert "names a missing checkpoint" not in said
 
@@ -39,7 +39,7 @@ def test_no_committed_step_left_names_what_is_there_and_what_to_run(tmp_path):
     with pytest.raises(CkptError) as err:
         make_trainer(tmp_path / "c").manager.resume()
     assert err.value.exit_code == ExitCode.NOT_FOUND
-    assert "LATEST names step 1, but" in err.value.message and "step 1 was never committed or is damaged" in err.value.message
+    assert "names step 1, which is not a committed checkpoint: it has no manifest (damaged)" in err.value.message
     assert "no committed checkpoint is left in" in err.value.message
     assert f"`ckpt validate {store.root} --all`" in err.value.hint
 
@@ -49,4 +49,4 @@ def test_latest_on_a_step_that_is_gone_says_it_does_not_exist(tmp_path, caplog):
     store.step_path(2).rename(tmp_path / "elsewhere")
     with caplog.at_level(logging.WARNING, logger="ckpt_tool"):
         assert make_trainer(tmp_path / "c").manager.resume() == 1
-    assert f"LATEST names step 2, but {store.step_path(2)} does not exist" in caplog.text
+    assert f"LATEST in {store.root} names step 2, which is not a committed checkpoint: its directory is missing" in caplog.text
