@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 def rollback(
     directory: Path = DirArg,
     to: int | None = typer.Option(None, "--to", min=0, max=layout.MAX_STEP, help="Move LATEST to this step."),
-    auto: bool = typer.Option(False, "--auto", help="Walk back from LATEST, validating and verifying each, until one passes."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing on disk."),
+    auto: bool = typer.Option(False, "--auto", metavar="", help="Walk back from LATEST, validating and verifying each, until one passes."),
+    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Say what would happen; change nothing on disk."),
     entry: str | None = typer.Option(None, "--entry", help="Entry point for verification (default: the manifest's)."),
     reason: str = typer.Option("manual rollback", help="Recorded in the index with the event."),
     as_json: bool = JsonOpt,
@@ -73,7 +73,7 @@ def prune(
         ..., min=1, help="Keep the newest K checkpoints not known to be damaged (required: deleting has no default)."
     ),
     keep_every: int | None = typer.Option(None, min=1, help="Also keep every step divisible by M."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted; delete nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="List what would be deleted; delete nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Apply the retention policy by hand (never LATEST, never quarantined or damaged checkpoints).
@@ -185,15 +185,18 @@ def reshard(
     micro_batch: int | None = typer.Option(
         None, "--micro-batch", min=1, help="Micro-batch to use (must divide the per-rank batch; refused otherwise)."
     ),
-    in_place: bool = typer.Option(False, "--in-place", help="Record the plan in the checkpoint's manifest lineage (used at resume)."),
+    in_place: bool = typer.Option(
+        False, "--in-place", metavar="", help="Record the plan in the checkpoint's manifest lineage (used at resume)."
+    ),
     out_dir: Path | None = typer.Option(None, "--out", help="Also write a copy laid out for the new world size into this new directory."),
     one_process: bool | None = typer.Option(
         None,
         "--one-process/--per-rank",
+        metavar="",
         help="Write the --out copy from this process (the whole state in memory, each byte read once) or from one process per "
         "new rank under torchrun. Default: one process when the state takes at most half the available memory.",
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; write nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Print the plan; write nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Check that a checkpoint loads on a new mesh and plan the batch split that keeps the global batch."""
@@ -251,8 +254,12 @@ def reshard(
 
 # --------------------------------------------------------------------------- adopt
 def adopt(
-    source: Path = typer.Argument(..., help="The weights: a dcp.save directory, a .safetensors or a torch .pt file.", show_default=False),
-    directory: Path = typer.Argument(..., help="A new (or empty) checkpoint directory for the run to start from.", show_default=False),
+    source: Path = typer.Argument(
+        ..., metavar="SOURCE", help="The weights: a dcp.save directory, a .safetensors or a torch .pt file.", show_default=False
+    ),
+    directory: Path = typer.Argument(
+        ..., metavar="DIR", help="A new (or empty) checkpoint directory for the run to start from.", show_default=False
+    ),
     step: int = step_option("The step the run continues after.", default=0),
     as_json: bool = JsonOpt,
 ) -> None:

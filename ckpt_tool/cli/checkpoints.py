@@ -20,8 +20,8 @@ from ckpt_tool.errors import CkptError, ExitCode
 if TYPE_CHECKING:  # the store is imported by the commands that open one (0.1 s: not for every `ckpt`)
     from ckpt_tool.store.store import CheckpointStore, ValidationResult
 
-DirArg = typer.Argument(..., help="The checkpoint directory.", show_default=False)
-JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
+DirArg = typer.Argument(..., metavar="DIR", help="The checkpoint directory.", show_default=False)
+JsonOpt = typer.Option(False, "--json", metavar="", help="Print JSON instead of tables.")
 
 
 def step_option(help: str, default: int | None = None) -> Any:
@@ -74,10 +74,12 @@ def note(text: str | None) -> None:
 # --------------------------------------------------------------------------- list
 def list_checkpoints(
     directory: Path = DirArg,
-    latest: bool = typer.Option(False, "--latest", help="Print only the newest committed step (reads LATEST: constant time)."),
+    latest: bool = typer.Option(False, "--latest", metavar="", help="Print only the newest committed step (reads LATEST: constant time)."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show every checkpoint in DIR: step, status, time, size, world size, global batch, probe loss."""
+    """Show every checkpoint in DIR: step, status, LATEST, time, data size, mesh, global batch, probe loss.
+
+    The data size counts the files the manifest lists and hashes; `ckpt du` counts every byte on disk."""
     store = open_checkpoints(directory)
     if latest:
         step = store.require_latest()
@@ -96,9 +98,10 @@ def list_checkpoints(
     columns = [
         Column("step", justify="right", no_wrap=True),
         Column("status", styles=STATUS_STYLES, no_wrap=True),
-        Column("", "latest", justify="center", terminal=lambda v: "*" if v else "", full=lambda v: "yes" if v else "no"),
+        Column("latest", justify="center", terminal=lambda v: "*" if v else "", full=lambda v: "yes" if v else "no", no_wrap=True),
         Column("saved", "saved_at", terminal=when_short, full=when),
-        Column("size", "bytes", justify="right", terminal=size, no_wrap=True),
+        # the checkpoint's files as its manifest lists and hashes them (`ckpt du`: all bytes on disk, the manifest too)
+        Column("data", "bytes", justify="right", terminal=size, no_wrap=True),
         Column("mesh", no_wrap=True),
         Column("batch", "global_batch", justify="right"),
         Column("probe loss", justify="right", terminal=lambda v: "-" if v is None else f"{v:.6g}", no_wrap=True),
@@ -142,7 +145,7 @@ def _problems_json(r: ValidationResult) -> dict[str, Any]:
 def validate(
     directory: Path = DirArg,
     step: int | None = step_option("Validate this step (default: the one LATEST names)."),
-    all_steps: bool = typer.Option(False, "--all", help="Validate every committed checkpoint (scrubbing)."),
+    all_steps: bool = typer.Option(False, "--all", metavar="", help="Validate every committed checkpoint (scrubbing)."),
     threads: int = typer.Option(4, min=1, help="Files hashed in parallel."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -195,7 +198,7 @@ def validate(
         for r in results:
             if r.ok:
                 files = len(r.manifest.files) if r.manifest else 0
-                mesh = f", mesh {r.manifest.layout.describe()}" if r.manifest else ""
+                mesh = f", mesh {escape(r.manifest.layout.describe())}" if r.manifest else ""
                 out.print(f"[green]step {r.step}: valid[/] ({files} files, {size(r.manifest.total_bytes if r.manifest else 0)}{mesh})")
             elif r.problems:
                 out.print(f"[bold red]step {r.step}: {len(r.problems)} problem(s)[/]")
@@ -266,7 +269,7 @@ def verify(
         else:
             how = "compared within tolerance: " + "; ".join(report["differences"])
         out.print(f"verify step {step}: {verdict}, {escape(how)}")
-        out.print(f"mesh: saved {report['saved_mesh']}, checked on {report['mesh']}")
+        out.print(f"mesh: saved {escape(str(report['saved_mesh']))}, checked on {escape(str(report['mesh']))}")
         if report["reproduce"]:
             out.print(f"for a bit-exact check, reproduce the save: {escape(_reproduce_command(directory, step, report['reproduce']))}")
         print_table(

@@ -17,8 +17,8 @@ def export(
     step: int | None = step_option("The step to export (default: the one LATEST names)."),
     fmt: str = typer.Option("safetensors", "--format", help="safetensors or torch (a torch.save file, loads with weights_only=True)."),
     out_path: Path | None = typer.Option(None, "--out", help="The file to write (default: ./DIRNAME-step-N.safetensors or .pt)."),
-    model_only: bool = typer.Option(False, "--model-only", help="Only the model's tensors (default: the optimizer's too)."),
-    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    model_only: bool = typer.Option(False, "--model-only", metavar="", help="Only the model's tensors (default: the optimizer's too)."),
+    force: bool = typer.Option(False, "--force", metavar="", help="Replace --out if it exists."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Consolidated full tensors of a (sharded) checkpoint in one file: hash-checked first, no pickle run, tensor by tensor."""
@@ -42,7 +42,7 @@ def export(
         )
         return
     out.print(
-        f"exported {done.tensors} tensors ({size(done.bytes)}) of step {done.step} to {done.path} ({done.format}); every file hash-checked first"
+        f"exported {done.tensors} tensors ({size(done.bytes)}) of step {done.step} to {escape(str(done.path))} ({done.format}); every file hash-checked first"
     )
     if done.skipped:
         out.print(
@@ -73,7 +73,13 @@ def inspect(
         f"torch {escape(str(env.get('torch', '-')))}, dtype {escape(str(env.get('dtype', '-')))}, threads {env.get('threads', '-')}; entry point {escape(str(m['entry_point'] or '-'))}"
     )
     print_table(
-        [Column("key"), Column("shape"), Column("dtype"), Column("bytes", justify="right", terminal=size, full=str), Column("placement")],
+        [
+            Column("key"),
+            Column("shape"),
+            Column("dtype"),
+            Column("bytes", justify="right", terminal=size, full=lambda v: "-" if v is None else str(v)),
+            Column("placement"),
+        ],
         [
             (
                 e["key"],
@@ -89,7 +95,9 @@ def inspect(
 
 
 def du(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
-    """Bytes per checkpoint, per quarantined checkpoint, saves in progress and the run directory."""
+    """Bytes on disk per checkpoint (every file, its manifest too), per quarantined checkpoint, saves in progress and the run directory.
+
+    `ckpt list` shows a checkpoint's data: the files its manifest lists and hashes."""
     from ckpt_tool.ops.contents import disk_usage
 
     rows = disk_usage(open_checkpoints(directory))
@@ -100,7 +108,7 @@ def du(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
         print_json({"entries": rows, "totals": totals, "total": sum(totals.values())})
         return
     print_table(
-        [Column("name"), Column("kind"), Column("bytes", justify="right", terminal=size, full=str)],
+        [Column("name"), Column("kind"), Column("on disk", "bytes", justify="right", terminal=size, full=str)],
         [(r["name"], r["kind"], r["bytes"]) for r in rows],
     )
     out.print(
@@ -140,9 +148,12 @@ def quarantine_list(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
 def quarantine_restore(
     directory: Path = DirArg,
     which: str = typer.Argument(
-        ..., help="The quarantined checkpoint: its name, or its step when only one of that step is there.", show_default=False
+        ...,
+        metavar="NAME_OR_STEP",
+        help="The quarantined checkpoint: its name, or its step when only one of that step is there.",
+        show_default=False,
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing on disk."),
+    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Say what would happen; change nothing on disk."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Move a quarantined checkpoint back to its step directory and validate it there (LATEST is not moved)."""
@@ -155,7 +166,7 @@ def quarantine_restore(
         problems = [] if result is None else [str(p) for p in result.problems]
         print_json({"restored": row.to_json(), "dry_run": dry_run, "valid": valid, "problems": problems})
     elif result is None:
-        out.print(f"would restore {row.item.name} as {step_dir}")
+        out.print(f"would restore {escape(row.item.name)} as {step_dir}")
     else:
         verdict = "valid" if result.ok else f"[red]damaged[/]: {escape('; '.join(str(p) for p in result.problems[:3]))}"
         latest = open_checkpoints(directory).latest_or_none()
@@ -184,7 +195,7 @@ def restore_hint(directory: Path, step: int, valid: bool, latest: int | None) ->
 def quarantine_purge(
     directory: Path = DirArg,
     older_than: float | None = typer.Option(None, "--older-than", min=0, help="Only those moved there more than this many days ago."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted; delete nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", metavar="", help="Say what would be deleted; delete nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Delete quarantined checkpoints for good (only when asked: nothing else ever deletes them)."""

@@ -200,3 +200,49 @@ def test_restoring_a_valid_step_suggests_the_rollback_that_works(ckpt, away, old
     assert f"ckpt rollback {ckpt} --to {step}` makes it LATEST" in text, text
     assert ("moves the newer steps into quarantine" in text) is older, text
     assert ckpt_in(away, "rollback", ckpt, "--to", str(step)).returncode == 0
+
+
+# ------------------------------------------------------------------ 8. Rich markup never eats a path
+def test_export_prints_a_path_with_square_brackets_as_typed(ckpt, away):
+    weird = away / "x[bold]y[lr=3e-4]"
+    weird.mkdir()
+    proc = ckpt_in(away, "export", ckpt, "--out", weird / "w.safetensors", "--model-only")
+    assert proc.returncode == 0, said(proc)
+    assert f"to {weird / 'w.safetensors'} (safetensors)" in said(proc), said(proc)
+
+
+# ------------------------------------------------------------------ 9. list and du label what they count
+def test_list_and_du_say_what_their_sizes_count(ckpt, away):
+    listing = json.loads(ckpt_in(away, "list", ckpt, "--json").stdout)
+    data = {r["step"]: r["bytes"] for r in listing["checkpoints"]}
+    du = {r["name"]: r["bytes"] for r in json.loads(ckpt_in(away, "du", ckpt, "--json").stdout)["entries"]}
+    step_dir = ckpt / layout.step_dir_name(20)
+    manifest_bytes = (step_dir / layout.MANIFEST_NAME).stat().st_size
+    assert du[step_dir.name] == data[20] + manifest_bytes  # the difference is the manifest, and nothing else
+    list_help, du_help = said(ckpt_in(away, "list", "--help")), said(ckpt_in(away, "du", "--help"))
+    assert "data size counts the files the manifest lists" in list_help and "`ckpt du` counts every byte on disk" in list_help
+    assert "every file, its manifest too" in du_help
+
+
+# ------------------------------------------------------------------ 10. cosmetics
+def test_help_shows_no_bool_values_and_no_lowercase_placeholders(away):
+    for command in (["list"], ["validate"], ["export"], ["prune"], ["reshard"], ["quarantine", "restore"], ["adopt"]):
+        text = said(ckpt_in(away, *command, "--help"))
+        assert "{directory}" not in text and "{which}" not in text and "{source}" not in text, (command, text)
+        flags = text.replace("--help <bool>", "")  # typer's own --help
+        assert "<bool>" not in flags, (command, text)
+
+
+def test_inspect_shows_no_none_for_objects(ckpt, away):
+    proc = ckpt_in(away, "inspect", ckpt)
+    rows = [line.split("\t") for line in proc.stdout.splitlines() if "\tobject\t" in line]
+    assert rows and all(r[3] == "-" for r in rows), proc.stdout  # bytes of a non-tensor entry
+    assert "None" not in proc.stdout, proc.stdout
+
+
+def test_rollback_says_step_for_one_step_and_reshard_rank_for_one_rank(ckpt, away, tmp_path):
+    proc = ckpt_in(away, "rollback", ckpt, "--to", "15")
+    assert "quarantined step 20 into" in said(proc) and "steps 20" not in said(proc), said(proc)
+    proc = ckpt_in(away, "reshard", ckpt, "--world-size", "1", "--out", tmp_path / "one")
+    assert proc.returncode == 0, said(proc)
+    assert "laid out for 1 rank " in said(proc) and "1 ranks" not in said(proc), said(proc)
