@@ -210,7 +210,7 @@ def test_latest_naming_a_missing_step(ckpt, capsys):
 def test_latest_holding_garbage(ckpt, capsys):
     (ckpt / "LATEST").write_bytes(b"\x00\xffnot a pointer")
     code, _, err = ckpt_cli(capsys, "list", ckpt, "--latest")
-    assert code == 1 and "LATEST" in err and "rollback --auto" in err
+    assert code == 1 and "LATEST" in err and f"rollback {ckpt} --auto" in " ".join(err.split())  # the repair command, runnable as printed
     code, report = ckpt_json(capsys, "rollback", ckpt, "--auto")
     assert (code, report["target"], report["previous_latest"]) == (0, 20, None)
     assert "damaged" in report["latest_problem"]
