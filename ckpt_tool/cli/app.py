@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from ckpt_tool import __version__
 from ckpt_tool.cli import changes, checkpoints, contents, demo, jobs, nodes, plan, runs
+from ckpt_tool.cli.help import Command, Group
 from ckpt_tool.cli.output import err
 from ckpt_tool.errors import CkptError
 
@@ -24,6 +25,7 @@ EXIT_CODES = (
     "0 success · 1 a check failed (damage found) or the run failed · 2 bad command line or input · "
     "3 no checkpoint directory, step or valid checkpoint · 4 the checkpoint does not fit the run "
     "(world size, format version, model) or another job holds the directory · "
+    "5 (`ckpt verify`) nothing to verify: saved without a probe · "
     "75 (`ckpt run`) stopped after a checkpoint on request: requeue · 76 (`ckpt run`) crash loop · "
     "77 (`ckpt run`) a node keeps failing: the round ended so that the job can leave it behind · "
     "78 saves failed (disk full, read-only, I/O error) max_failed_saves times in a row or at the final save; "
@@ -39,30 +41,31 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
+    cls=Group,
 )
-app.command("demo")(demo.demo)
-app.command("list")(checkpoints.list_checkpoints)
-app.command("validate")(checkpoints.validate)
-app.command("verify")(checkpoints.verify)
-app.command("export")(contents.export)
-app.command("inspect")(contents.inspect)
-app.command("du")(contents.du)
+app.command("demo", cls=Command)(demo.demo)
+app.command("list", cls=Command)(checkpoints.list_checkpoints)
+app.command("validate", cls=Command)(checkpoints.validate)
+app.command("verify", cls=Command)(checkpoints.verify)
+app.command("export", cls=Command)(contents.export)
+app.command("inspect", cls=Command)(contents.inspect)
+app.command("du", cls=Command)(contents.du)
 app.add_typer(contents.quarantine_app, name="quarantine")
-app.command("rollback")(changes.rollback)
-app.command("prune")(changes.prune)
-app.command("reshard")(changes.reshard)
-app.command("adopt")(changes.adopt)
+app.command("rollback", cls=Command)(changes.rollback)
+app.command("prune", cls=Command)(changes.prune)
+app.command("reshard", cls=Command)(changes.reshard)
+app.command("adopt", cls=Command)(changes.adopt)
 # Commands whose trailing words are the training command: ckpt's options end at its first word.
 PASSTHROUGH = {"run": jobs.run, "submit": jobs.submit}
 for _name, _fn in PASSTHROUGH.items():
-    app.command(_name, context_settings={"allow_interspersed_args": False})(_fn)
-app.command("recover")(jobs.recover)
-app.command("note", hidden=True)(jobs.note_cmd)
-app.command("free-port", hidden=True)(jobs.free_port)
-app.command("nodes")(nodes.nodes)
-app.command("status")(runs.status)
-app.command("history")(runs.history)
-app.command("plan")(plan.plan)
+    app.command(_name, context_settings={"allow_interspersed_args": False}, cls=Command)(_fn)
+app.command("recover", cls=Command)(jobs.recover)
+app.command("note", hidden=True, cls=Command)(jobs.note_cmd)
+app.command("free-port", hidden=True, cls=Command)(jobs.free_port)
+app.command("nodes", cls=Command)(nodes.nodes)
+app.command("status", cls=Command)(runs.status)
+app.command("history", cls=Command)(runs.history)
+app.command("plan", cls=Command)(plan.plan)
 
 
 def _print_version(value: bool) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, open_checkpoints, resolve_step, step_option
+from ckpt_tool.cli.help import Command, Group
 from ckpt_tool.cli.output import Column, escape, out, print_json, print_table, size, when
 from ckpt_tool.errors import ExitCode
 
@@ -117,10 +118,12 @@ def du(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
     )
 
 
-quarantine_app = typer.Typer(help="Checkpoints moved aside as damaged or superseded: list, restore, purge.", no_args_is_help=True)
+quarantine_app = typer.Typer(
+    help="Checkpoints moved aside as damaged or superseded: list, restore, purge.", no_args_is_help=True, cls=Group
+)
 
 
-@quarantine_app.command("list")
+@quarantine_app.command("list", cls=Command)
 def quarantine_list(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
     """What quarantine/ holds: step, when it was moved, why, bytes."""
     from ckpt_tool.ops.contents import quarantined
@@ -144,7 +147,7 @@ def quarantine_list(directory: Path = DirArg, as_json: bool = JsonOpt) -> None:
     )
 
 
-@quarantine_app.command("restore")
+@quarantine_app.command("restore", cls=Command)
 def quarantine_restore(
     directory: Path = DirArg,
     which: str = typer.Argument(
@@ -191,7 +194,7 @@ def restore_hint(directory: Path, step: int, valid: bool, latest: int | None) ->
     return f"`ckpt rollback {directory} --to {step}` makes it LATEST"
 
 
-@quarantine_app.command("purge")
+@quarantine_app.command("purge", cls=Command)
 def quarantine_purge(
     directory: Path = DirArg,
     older_than: float | None = typer.Option(None, "--older-than", min=0, help="Only those moved there more than this many days ago."),

@@ -64,7 +64,7 @@ def _human_event(record: dict[str, Any]) -> str:
 
 def run(
     command: list[str] = typer.Argument(
-        ..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False
+        ..., metavar="COMMAND", help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False
     ),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Ranks on this node."),
     nnodes: str = typer.Option("1", "--nnodes", help="Nodes, or MIN:MAX (torchrun syntax)."),
@@ -235,7 +235,7 @@ def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
 
 def submit(
     command: list[str] = typer.Argument(
-        ..., help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False
+        ..., metavar="COMMAND", help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False
     ),
     ckpt_dir: Path = typer.Option(
         ..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem; exported to the training as CKPT_DIR."
@@ -330,7 +330,7 @@ def submit(
 
 
 def recover(
-    ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory.", show_default=False),
+    ckpt_dir: Path = typer.Argument(..., metavar="DIR", help="The checkpoint directory.", show_default=False),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Where the decision is written (recover.json, events.jsonl)."),
     world_size: int | None = typer.Option(None, "--world-size", min=1, help="Ranks of this allocation."),
     nodes: int | None = typer.Option(None, "--nodes", min=1, help="Nodes of this allocation (reported with the plan)."),

@@ -12,7 +12,7 @@ from ckpt_tool.core.layout import RUN_DIR_NAME
 
 
 def nodes(
-    ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory.", show_default=False),
+    ckpt_dir: Path = typer.Argument(..., metavar="DIR", help="The checkpoint directory.", show_default=False),
     current: str = typer.Option(..., "--nodes", help="The job's nodes now, comma-separated (scontrol show hostnames)."),
     min_nodes: int = typer.Option(1, "--min-nodes", min=1, help="Fewest nodes to go on with; below it the job requeues."),
     after_failure: bool = typer.Option(False, "--after-failure", help="A round just failed: drop suspects, or stop when none is."),

@@ -66,7 +66,7 @@ def _job_or_dir(target: str) -> tuple[Path, Path | None, str | None, list[str]]:
 
 
 def status(
-    target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
+    target: str = typer.Argument(..., metavar="TARGET", help="A job id, a checkpoint directory or a run directory.", show_default=False),
     as_json: bool = JsonOpt,
 ) -> None:
     """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
@@ -193,7 +193,7 @@ def _details(e: dict[str, Any], prefix: str = "") -> str:
 
 
 def history(
-    target: str = typer.Argument(..., help="A job id, a checkpoint directory or a run directory.", show_default=False),
+    target: str = typer.Argument(..., metavar="TARGET", help="A job id, a checkpoint directory or a run directory.", show_default=False),
     plot: Path | None = typer.Option(
         None, "--plot", help="Also draw the story here (PNG, SVG, PDF, JPEG: by the suffix): the loss by step, every event marked."
     ),

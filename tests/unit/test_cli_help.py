@@ -1,0 +1,47 @@
+"""Every command's --help as a user reads it: no value shown for a flag, arguments named in capitals."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import typer
+
+from ckpt_tool.cli.app import app
+
+
+def _commands(group, path=()):
+    for name, command in group.commands.items():
+        if getattr(command, "hidden", False):
+            continue
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name)
+
+
+COMMANDS = sorted(_commands(typer.main.get_command(app)))
+
+
+def _help(*words: str) -> str:
+    env_cols = {"COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_tool.cli.main", *words, "--help"], capture_output=True, text=True, env={**env_cols, "PATH": ""}
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_every_command_is_walked():
+    assert ("list",) in COMMANDS and ("quarantine", "restore") in COMMANDS and ("run",) in COMMANDS and len(COMMANDS) >= 20
+
+
+@pytest.mark.parametrize("words", [(), *COMMANDS], ids=lambda w: " ".join(w) or "ckpt")
+def test_help_shows_no_value_after_a_flag_and_capital_argument_names(words):
+    text = _help(*words)
+    assert "<bool>" not in text
+    usage = next(line for line in text.splitlines() if "Usage:" in line)
+    for name in re.findall(r"[{\[]([A-Za-z_]+)[}\]]", usage):
+        assert name in ("OPTIONS", "ARGS") or name.isupper(), usage
