@@ -4,6 +4,7 @@ the user may only read). Parse, call the layers below, print."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -296,9 +297,25 @@ def _reproduce_command(directory: Path, step: int, reproduce: list[str]) -> str:
     return command + (f" with {', '.join(packages)} installed" if packages else "")
 
 
+def ranks_error(stderr: str) -> str:
+    """The ranks' own error line in torchrun's output (``[rank0]: ValueError: ...``), not
+    torchrun's ``ChildFailedError`` report after it; else the output's last line."""
+    errors = [
+        m.group(2)
+        for m in re.finditer(r"^(\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$", stderr, re.M)
+        if "ChildFailedError" not in m.group(2)
+    ]
+    if errors:
+        return errors[-1].strip()
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
 def run_entry(module: str, nproc: int, args: list[str], what: str) -> dict[str, Any]:
     """Run an entry point of ``ckpt_tool.entrypoints`` under torchrun; it writes a JSON result,
     or its error with its exit code, which is raised here with the same message and code."""
+    from ckpt_tool.entrypoints import ONE_PROCESS_HINT  # imports torch: not at the top (ckpt list stays fast)
+
     with tempfile.TemporaryDirectory() as tmp:
         result_path = Path(tmp) / "result.json"
         cmd = [
@@ -315,8 +332,8 @@ def run_entry(module: str, nproc: int, args: list[str], what: str) -> dict[str, 
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if not result_path.exists():
             raise CkptError(
-                f"{what} under torchrun failed (exit {proc.returncode}) before it could report: {proc.stderr.strip()[-1500:]}",
-                "run with --debug, or with one rank, to see the error directly",
+                f"{what} under torchrun failed (exit {proc.returncode}) before it could report: {ranks_error(proc.stderr)}",
+                ONE_PROCESS_HINT,
                 ExitCode.FAILED,
             )
         result = json.loads(result_path.read_text())

@@ -8,14 +8,18 @@ command that started it reports the same error with the same code (never a scrap
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
+
+# How to see a rank's traceback: the command's own process, one rank (the ranks' output is theirs).
+ONE_PROCESS_HINT = "with --nproc 1 it runs in this process, where --debug shows the traceback"
 
 
 def run_and_report(result_path: Path, body: Callable[[], dict[str, Any]]) -> int:
@@ -26,6 +30,16 @@ def run_and_report(result_path: Path, body: Callable[[], dict[str, Any]]) -> int
         result, code = body(), 0
     except CkptError as exc:
         result, code = {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}, exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - a bug or the user's model code: reported with where it happened
+        traceback.print_exc()  # for --debug readers of the ranks' output
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename} line {frames[-1].lineno}" if frames else ""
+        result = {
+            "error": f"rank {rank} failed: {type(exc).__name__}: {exc}{where}",
+            "hint": ONE_PROCESS_HINT,
+            "exit_code": ExitCode.FAILED,
+        }
+        code = ExitCode.FAILED
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -15,6 +15,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,12 @@ def require_intact_files(store: CheckpointStore, step: int) -> None:
         )
 
 
+def _where(exc: BaseException) -> str:
+    """`` (FILE line N)`` of the innermost frame of ``exc``'s traceback, or nothing."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" ({frames[-1].filename} line {frames[-1].lineno})" if frames else ""
+
+
 def load_entry_point(spec: str) -> Callable[..., Any]:
     """The function an entry point ``module:function`` names. The module is looked up as
     ``python -m`` would from the working directory: that directory first, then the environment."""
@@ -76,6 +83,12 @@ def load_entry_point(spec: str) -> Callable[..., Any]:
             "check the name and that the package is installed in this environment",
             ExitCode.USAGE,
         ) from None
+    except Exception as exc:  # the module's own code failed at import (it is run, as python runs it)
+        raise CkptError(
+            f"entry point module {module_name!r} failed while it was imported: {type(exc).__name__}: {exc}{_where(exc)}",
+            "the entry point's module is imported, not run as a script: keep its training under `if __name__ == '__main__':`",
+            ExitCode.USAGE,
+        ) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise CkptError(

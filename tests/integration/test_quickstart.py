@@ -95,6 +95,23 @@ def test_the_readme_quickstart_is_killed_resumed_bit_identically_and_verified(tm
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "exact" in verify.stdout, verify.stdout
 
+    # an entry point whose module fails at import is named with the error and where, under
+    # torchrun and in this process alike (it was the tail of torchrun's own traceback)
+    (run_dir / "train.py").write_text(script.replace("import sys\n", "import sys\nint('ck')\n", 1))
+    for nproc in ("2", "1"):
+        broken = subprocess.run(
+            [sys.executable, "-m", "ckpt_tool.cli.main", "verify", "ckpt", "--nproc", nproc],
+            cwd=run_dir,
+            env=torchrun_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        said = " ".join(broken.stderr.split())
+        assert broken.returncode == 2, broken.stdout + broken.stderr
+        assert "'train' failed while it was imported: ValueError: invalid literal" in said and "train.py line 3" in said, said
+        assert "if __name__ == '__main__':" in said and "Traceback" not in broken.stderr, said
+
 
 def test_a_torchdata_stateful_dataloader_as_data_resumes_where_it_stopped(tmp_path):
     """One process, as in the README: the batches after a resume are the ones the uninterrupted

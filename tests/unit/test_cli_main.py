@@ -153,3 +153,35 @@ def test_a_training_module_next_to_the_user_is_found_as_torchrun_will(tmp_path, 
     monkeypatch.chdir(tmp_path)
     assert _module_found("mytrain") and _module_found("ckpt_tool.recipes.tiny_gpt") and _module_found("json")
     assert not _module_found("no_such_module_xyz") and not _module_found("not-a-name")
+
+
+def test_the_ranks_error_line_is_found_in_torchruns_output():
+    from ckpt_tool.cli.checkpoints import ranks_error
+
+    stderr = (
+        '[rank0]:   File "/work/train.py", line 26, in <module>\n'
+        "[rank0]: ValueError: invalid literal for int() with base 10: 'ck'\n"
+        "E1203 12:28:03.595000 24278 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1)\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "============================================================\n"
+    )
+    assert ranks_error(stderr) == "ValueError: invalid literal for int() with base 10: 'ck'"
+    assert ranks_error("just this\n\n") == "just this"
+    assert ranks_error("") == "no output"
+
+
+def test_an_entry_points_unexpected_error_is_reported_with_where_not_lost(tmp_path, capsys):
+    """A rank's bug (or the user's model code) reaches the command as a message, not as the
+    scraped tail of torchrun's output."""
+    import json
+
+    from ckpt_tool.entrypoints import run_and_report
+
+    def body():
+        raise ValueError("boom")
+
+    assert run_and_report(tmp_path / "r.json", body) == 1
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["error"].startswith("rank 0 failed: ValueError: boom at ") and "test_cli_main.py line" in result["error"]
+    assert result["exit_code"] == 1 and "--debug" in result["hint"]
+    assert "Traceback" in capsys.readouterr().err  # the ranks' own output keeps it
