@@ -46,7 +46,8 @@ def _measured_step(target: Path, checkpoint_s: float) -> StepTime:
     if found is None:
         raise CkptError(
             f"{target} holds no measured step time: no rank step timings (rank_health.*.json) in {run_dir}, "
-            f"and fewer than two commits of one run in {ckpt_dir / 'index.jsonl' if ckpt_dir else 'its checkpoint index'}",
+            f"and no two commits of one run in {ckpt_dir / 'index.jsonl' if ckpt_dir else 'its checkpoint index'} "
+            "further apart than the checkpoint time (--ckpt-seconds)",
             "give --step-seconds, or point --run-dir at a run that trained longer under `ckpt run`",
             ExitCode.NOT_FOUND,
         )

@@ -96,7 +96,12 @@ def test_plan_without_a_measured_step_time_names_both_sources_and_the_option(tmp
     proc = ckpt_cli("plan", "--ckpt-seconds", "2", "--mtbf-hours", "10", "--run-dir", ckpt, cwd=tmp_path.parent)
     err = " ".join(proc.stderr.split())
     assert proc.returncode == 3
-    assert "no rank step timings (rank_health.*.json)" in err and "fewer than two commits" in err and "--step-seconds" in err
+    assert (
+        "no rank step timings (rank_health.*.json)" in err
+        and "no two commits of one run" in err
+        and "further apart than the checkpoint time (--ckpt-seconds)" in err
+        and "--step-seconds" in err
+    )
 
 
 def test_plan_json_has_help():
