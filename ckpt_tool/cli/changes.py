@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, note, open_checkpoints, resolve_step, run_entry, step_option
-from ckpt_tool.cli.output import Column, err, escape, human, out, plural, print_json, print_table, steps_text
+from ckpt_tool.cli.options import DirArg, JsonOpt, step_option
+from ckpt_tool.cli.output import Column, err, escape, human, note, out, plural, print_json, print_table, steps_text
+from ckpt_tool.cli.targets import open_checkpoints, resolve_step
+from ckpt_tool.cli.torchrun import run_entry
 from ckpt_tool.core import layout
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode

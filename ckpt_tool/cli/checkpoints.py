@@ -3,33 +3,20 @@ the user may only read). Parse, call the layers below, print."""
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ckpt_tool import config
-from ckpt_tool.cli.output import Column, err, escape, out, print_json, print_table, size, when, when_short
-from ckpt_tool.core import layout
+from ckpt_tool.cli.options import DirArg, JsonOpt, step_option
+from ckpt_tool.cli.output import Column, err, escape, note, out, print_json, print_table, size, when, when_short
+from ckpt_tool.cli.targets import open_checkpoints, resolve_step
+from ckpt_tool.cli.torchrun import run_entry
 from ckpt_tool.errors import CkptError, ExitCode
 
-if TYPE_CHECKING:  # the store is imported by the commands that open one (0.1 s: not for every `ckpt`)
-    from ckpt_tool.store.store import CheckpointStore, ValidationResult
-
-DirArg = typer.Argument(..., metavar="DIR", help="The checkpoint directory.", show_default=False)
-JsonOpt = typer.Option(False, "--json", metavar="", help="Print JSON instead of tables.")
-
-
-def step_option(help: str, default: int | None = None) -> Any:
-    """The one ``--step`` option of every command: a step number in [0, MAX_STEP] (a checkpoint's
-    directory name has 8 digits); anything else is refused by the parser with exit 2."""
-    return typer.Option(default, "--step", min=0, max=layout.MAX_STEP, help=help)
-
+if TYPE_CHECKING:  # the store is imported by the commands that validate (0.1 s: not for every `ckpt`)
+    from ckpt_tool.store.store import ValidationResult
 
 STATUS_STYLES = {
     "verified": "green",
@@ -42,34 +29,6 @@ STATUS_STYLES = {
     "partial": "yellow",
     "deleting": "yellow",
 }
-
-
-def open_checkpoints(directory: Path) -> CheckpointStore:
-    """An existing ckpt-tool checkpoint directory, or a clear error saying what was found."""
-    from ckpt_tool.store.store import CheckpointStore
-
-    store = CheckpointStore(directory)
-    store.require_checkpoint_directory()
-    return store
-
-
-def resolve_step(store: CheckpointStore, step: int | None) -> int:
-    """``--step N`` (exit 3 when no such step directory exists), else the step LATEST names (a
-    LATEST that is missing or names no committed step: what is wrong and the repair command)."""
-    if step is not None:
-        if not 0 <= step <= layout.MAX_STEP:
-            raise CkptError(
-                f"--step {step} is not a step number", f"give a step from 0 to {layout.MAX_STEP} (see `ckpt list`)", ExitCode.USAGE
-            )
-        if not store.step_path(step).is_dir():
-            raise store.no_such_step(step)
-        return step
-    return store.require_latest()
-
-
-def note(text: str | None) -> None:
-    if text:
-        err.print(f"[yellow]note:[/] {escape(text)}")
 
 
 # --------------------------------------------------------------------------- list
@@ -295,51 +254,6 @@ def _reproduce_command(directory: Path, step: int, reproduce: list[str]) -> str:
     packages = [r for r in reproduce if r.startswith("torch==")]
     command = " ".join([*settings, "ckpt", "verify", str(directory), "--step", str(step), *options])
     return command + (f" with {', '.join(packages)} installed" if packages else "")
-
-
-def ranks_error(stderr: str) -> str:
-    """The ranks' own error line in torchrun's output (``[rank0]: ValueError: ...``), not
-    torchrun's ``ChildFailedError`` report after it; else the output's last line."""
-    errors = [
-        m.group(2)
-        for m in re.finditer(r"^(\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$", stderr, re.M)
-        if "ChildFailedError" not in m.group(2)
-    ]
-    if errors:
-        return errors[-1].strip()
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "no output"
-
-
-def run_entry(module: str, nproc: int, args: list[str], what: str) -> dict[str, Any]:
-    """Run an entry point of ``ckpt_tool.entrypoints`` under torchrun; it writes a JSON result,
-    or its error with its exit code, which is raised here with the same message and code."""
-    from ckpt_tool.entrypoints import ONE_PROCESS_HINT  # imports torch: not at the top (ckpt list stays fast)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = Path(tmp) / "result.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            module,
-            str(result_path),
-            *args,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if not result_path.exists():
-            raise CkptError(
-                f"{what} under torchrun failed (exit {proc.returncode}) before it could report: {ranks_error(proc.stderr)}",
-                ONE_PROCESS_HINT,
-                ExitCode.FAILED,
-            )
-        result = json.loads(result_path.read_text())
-    if "error" in result:
-        raise CkptError(result["error"], result.get("hint", ""), int(result.get("exit_code", ExitCode.FAILED)))
-    return result
 
 
 def _verify_tp(tp: int | None, nproc: int, saved_tp: int) -> int:

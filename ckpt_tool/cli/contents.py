@@ -7,9 +7,10 @@ from pathlib import Path
 
 import typer
 
-from ckpt_tool.cli.checkpoints import DirArg, JsonOpt, open_checkpoints, resolve_step, step_option
 from ckpt_tool.cli.help import Command, Group
+from ckpt_tool.cli.options import DirArg, JsonOpt, step_option
 from ckpt_tool.cli.output import Column, escape, out, print_json, print_table, size, when
+from ckpt_tool.cli.targets import open_checkpoints, resolve_step
 from ckpt_tool.errors import ExitCode
 
 

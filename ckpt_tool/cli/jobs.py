@@ -15,14 +15,15 @@ from typing import Any
 
 import typer
 
+from ckpt_tool.cli.options import JsonTextOpt, json_option, run_dir_option
 from ckpt_tool.cli.output import err, escape, human, out, print_json
+from ckpt_tool.cli.targets import run_dir_for
 from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER
-from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.core.timeouts import PHASES, TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode
 
-JsonOpt = typer.Option(False, "--json", help="Print JSON instead of text.")
+JsonOpt = JsonTextOpt  # the name `recover` declares its --json with
 
 
 def _parse_timeouts(values: list[str]) -> dict[str, float]:
@@ -41,20 +42,6 @@ def _parse_timeouts(values: list[str]) -> dict[str, float]:
             )
         out[phase] = number
     return out
-
-
-def run_dir_for(run_dir: Path | None, ckpt_dir: Path | None) -> Path:
-    """``--run-dir``, else ``CKPT_DIR/run`` (from ``--ckpt-dir`` or the environment)."""
-    if run_dir is not None:
-        return run_dir
-    ckpt = ckpt_dir or (Path(os.environ["CKPT_DIR"]) if os.environ.get("CKPT_DIR") else None)
-    if ckpt is None:
-        raise CkptError(
-            "ckpt run needs to know where the run's events go",
-            "give --ckpt-dir DIR (the checkpoint directory: events go to DIR/run, where `ckpt status DIR` looks) or --run-dir",
-            ExitCode.USAGE,
-        )
-    return ckpt / RUN_DIR_NAME
 
 
 def _human_event(record: dict[str, Any]) -> str:
@@ -81,7 +68,7 @@ def run(
     ckpt_dir: Path | None = typer.Option(
         None, "--ckpt-dir", help="The checkpoint directory: exported to the ranks as CKPT_DIR; events go to CKPT_DIR/run."
     ),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Event log and calibrated timeouts (default: CKPT_DIR/run)."),
+    run_dir: Path | None = run_dir_option("Event log and calibrated timeouts (default: CKPT_DIR/run)."),
     timeout: list[str] = typer.Option([], "--timeout", help="Override a phase timeout: PHASE=SECONDS (repeatable)."),
     grace: float = typer.Option(
         5.0,
@@ -114,7 +101,7 @@ def run(
         help="A reported straggler makes its node suspect: checkpoint, end the round (exit 77), the batch script leaves it behind.",
     ),
     gpu_monitor: bool = typer.Option(True, "--gpu-monitor/--no-gpu-monitor", help="Read the node's GPUs through NVML (the gpu extra)."),
-    as_json: bool = typer.Option(False, "--json", help="Print each event as a JSON line on stdout."),
+    as_json: bool = json_option("Print each event as a JSON line on stdout."),
 ) -> None:
     """Run torchrun under a watchdog: crashes and hangs detected in seconds, restarts from the newest checkpoint.
 
@@ -270,11 +257,11 @@ def submit(
     ),
     max_requeues: int = typer.Option(10, "--max-requeues", min=0),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts inside one allocation (ckpt run)."),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Event log, scripts and job output (default: CKPT_DIR/run)."),
+    run_dir: Path | None = run_dir_option("Event log, scripts and job output (default: CKPT_DIR/run)."),
     sbatch_line: list[str] = typer.Option([], "--sbatch", help="Extra #SBATCH directive, e.g. --sbatch '--exclusive' (repeatable)."),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE exported in the job (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script; submit nothing."),
-    as_json: bool = JsonOpt,
+    as_json: bool = JsonTextOpt,
 ) -> None:
     """Submit a training job that survives time limits, preemptions and crashes by itself."""
     from ckpt_tool.core.render import follow_up_commands

@@ -34,6 +34,7 @@ __all__ = [
     "Column",
     "print_table",
     "print_json",
+    "note",
     "human",
     "when",
     "when_short",
@@ -140,3 +141,9 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], title:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def note(text: str | None) -> None:
+    """A ``note:`` line on stderr (nothing for an empty one): something a command recorded or noticed."""
+    if text:
+        err.print(f"[yellow]note:[/] {escape(text)}")

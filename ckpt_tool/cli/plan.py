@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from ckpt_tool.cli.options import JsonTextOpt, run_dir_option
 from ckpt_tool.cli.output import Column, escape, out, print_json, print_table
 from ckpt_tool.core.interval import (
     DAY_S,
@@ -34,7 +35,7 @@ def _positive(option: str, value: float | None, allow_zero: bool = False) -> Non
 
 def _measured_step(target: Path, checkpoint_s: float) -> StepTime:
     """The step time the ranks measured in this run (checkpoint or run directory), and its source."""
-    from ckpt_tool.cli.runs import locate
+    from ckpt_tool.cli.targets import locate
     from ckpt_tool.store.store import CheckpointStore
     from ckpt_tool.supervise.rank_health import read_rank_health
 
@@ -63,11 +64,9 @@ def plan(
         0.0, "--restart-seconds", help="Seconds from a failure to training again (detection, restart, load)."
     ),
     step_seconds: float | None = typer.Option(None, "--step-seconds", help="Seconds per training step (default: measured in --run-dir)."),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        help="A checkpoint directory or its run/ directory: the step time its ranks measured (their step timings, "
-        "else the spacing of its commits) converts the interval into steps.",
+    run_dir: Path | None = run_dir_option(
+        "A checkpoint directory or its run/ directory: the step time its ranks measured (their step timings, "
+        "else the spacing of its commits) converts the interval into steps."
     ),
     local_seconds: float | None = typer.Option(
         None, "--local-seconds", help="With a fast tier: seconds one node-local save costs the training (models both tiers)."
@@ -78,7 +77,7 @@ def plan(
     local_covers: float = typer.Option(
         0.9, "--local-covers", help="Share of failures the fast tier recovers (those that take no more nodes than it has copies)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+    as_json: bool = JsonTextOpt,
 ) -> None:
     """Recommend a checkpoint interval (Young/Daly) and show goodput and waste per day around it;
     with --local-seconds, the intervals of a fast tier and the shared one and what the fast tier buys."""

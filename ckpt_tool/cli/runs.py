@@ -9,29 +9,12 @@ from typing import Any
 
 import typer
 
+from ckpt_tool.cli.options import JsonTextOpt
 from ckpt_tool.cli.output import Column, err, escape, out, print_json, print_table, shorten
+from ckpt_tool.cli.targets import locate
 from ckpt_tool.core.health import fold_health
-from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.supervise.rank_health import read_rank_health
-
-JsonOpt = typer.Option(False, "--json", help="Print JSON instead of text.")
-
-
-def locate(target: Path, what: str = "", job_id_too: bool = True) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint directory or None) from either: a checkpoint directory's run
-    directory is ``CKPT_DIR/run``; a run directory's checkpoint directory is its parent.
-    ``what`` names the option the path came from (``--run-dir``) in the message."""
-    named = f"{what} {target}" if what else str(target)
-    pass_one = "pass the --ckpt-dir of the run (or its run/ directory)" + (", or a job id" if job_id_too else "")
-    if not target.exists():
-        raise CkptError(f"{named} does not exist", pass_one, ExitCode.NOT_FOUND)
-    if not target.is_dir():
-        raise CkptError(f"{named} is a file, not a checkpoint or run directory", pass_one, ExitCode.USAGE)
-    if (target / "events.jsonl").exists() or (target.name == RUN_DIR_NAME and not (target / RUN_DIR_NAME).exists()):
-        parent = target.parent
-        return target, parent if (parent / "LATEST").exists() or (parent / "index.jsonl").exists() else None
-    return target / RUN_DIR_NAME, target
 
 
 def _skipped_note(run_dir: Path, skipped: tuple[int, ...]) -> str | None:
@@ -67,7 +50,7 @@ def _job_or_dir(target: str) -> tuple[Path, Path | None, str | None, list[str]]:
 
 def status(
     target: str = typer.Argument(..., metavar="TARGET", help="A job id, a checkpoint directory or a run directory.", show_default=False),
-    as_json: bool = JsonOpt,
+    as_json: bool = JsonTextOpt,
 ) -> None:
     """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
     from ckpt_tool.slurm.commands import job_state
@@ -209,7 +192,7 @@ def history(
     last: int | None = typer.Option(
         None, "--last", min=1, help="Only the newest N events (after --since and --event).", show_default=False
     ),
-    as_json: bool = JsonOpt,
+    as_json: bool = JsonTextOpt,
 ) -> None:
     """The run's timeline: saves, failures, restarts, requeues and rollbacks (and a picture of it: --plot)."""
     from ckpt_tool.core.story import KNOWN_EVENTS, parse_since, select, unknown_events

@@ -156,7 +156,7 @@ def test_a_training_module_next_to_the_user_is_found_as_torchrun_will(tmp_path, 
 
 
 def test_the_ranks_error_line_is_found_in_torchruns_output():
-    from ckpt_tool.cli.checkpoints import ranks_error
+    from ckpt_tool.cli.torchrun import ranks_error
 
     stderr = (
         '[rank0]:   File "/work/train.py", line 26, in <module>\n'
