@@ -1,6 +1,6 @@
 """Figure 13: the recovery time model: failure -> first resumed step at 8, 512 and 4096 ranks.
 
-How: no measurement of its own. ``ckpt_tool.core.recovery_time`` takes the per-phase seconds
+How: no measurement of its own. ``recovery_time`` (next to this script) takes the per-phase seconds
 measured on this machine (figures 8 and 9: detection, teardown, new interpreters with torch,
 ``ckpt recover``'s fixed cost, ``resume()``'s fixed cost, one step) and the size of the job, and
 adds what grows with it: the start's check of the newest checkpoint (every byte hashed on one
@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import common
 from common import Result, Row
-
-from ckpt_tool.core.recovery_time import CHECK, GB, Job, Measured, dominant, phases
+from recovery_time import CHECK, GB, Job, Measured, dominant, phases
 
 SCALES = (8, 512, 4096)
 # The per-phase figures before #16 (BENCHMARKS.md at a0899d6 and before): ranks started cold (new

@@ -1,4 +1,5 @@
-"""A model of the time from a failure to the first resumed step, by phase, at any scale.
+"""A model of the time from a failure to the first resumed step, by phase, at any scale: the
+model behind figure 13 (``bench/recovery_model.py``, its only user; no code of the package uses it).
 
 Pure: the per-phase figures measured on one machine (BENCHMARKS.md figures 3, 8 and 9) and the
 size of the job go in, seconds per phase come out. What grows with the job:
@@ -99,4 +100,5 @@ def phases(job: Job, m: Measured, path: str, hash_on_one_node: bool = False) -> 
 
 
 def dominant(split: dict[str, float]) -> str:
+    """The phase that takes the longest."""
     return max(split, key=lambda k: split[k])
