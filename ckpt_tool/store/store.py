@@ -112,11 +112,6 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
     def quarantine_root(self) -> Path:
         return self.root / layout.QUARANTINE_NAME
 
-    @property
-    def uses_soft_lock(self) -> bool:
-        """Whether this directory's lock is the soft lease (flock does not work here)."""
-        return self._lock.soft
-
     @contextmanager
     def changing(self, timeout: float = LOCK_TIMEOUT_S, check_owner: bool = True) -> Iterator[None]:
         """The one way any module changes this directory (pointer, index, manifests, moves,
@@ -220,7 +215,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
     def list_entries(self, step: int) -> dict[str, DiskEntry]:
         """Size and kind of every entry of a step directory. One stat per file, many at once: on a
         shared filesystem each is a round trip to the metadata server (a 4096-rank checkpoint has
-        ~20k files: ~10 s one after the other at 0.5 ms, see ``core.recovery_time``)."""
+        ~20k files: ~10 s one after the other at 0.5 ms, see ``bench/recovery_time.py``)."""
         path = self.step_path(step)
         try:
             with os.scandir(path) as it:
