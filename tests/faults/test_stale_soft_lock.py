@@ -69,8 +69,14 @@ def soft_store(tmp_path, monkeypatch):
 def test_a_live_holder_on_another_host_keeps_the_lock_by_renewing_it(soft_store):
     needs_another_host_name()
     holder = hold_soft_lock(soft_store.root, "nodeB")
+    marker = soft_store.root / ".lock.soft"
     try:
+        taken = marker.stat()
         time.sleep(2 * LEASE_S)  # longer than the lease: only the holder's renewals keep it
+        renewed = marker.stat()
+        # the same marker (not one made again), touched by the holder since: a renewal, seen
+        assert (renewed.st_ino, "host=nodeB" in marker.read_text()) == (taken.st_ino, True)
+        assert renewed.st_mtime_ns - taken.st_mtime_ns >= LEASE_S * 1e9, (taken.st_mtime_ns, renewed.st_mtime_ns)
         with pytest.raises(CkptError, match="held by another process"), soft_store.changing(timeout=LEASE_S * 1.5):
             pass
     finally:

@@ -22,7 +22,7 @@ from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, node_command, read
 
 from .conftest import ckpt_cli, ckpt_json
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # real torchrun (two agents) in every test
 
 STEPS, SAVE_EVERY, CRASH_AT = 20, 10, 15
 EXTRA = (*FAST_ARGS, "--global-batch", "8", "--local-every", "2")

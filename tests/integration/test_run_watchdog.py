@@ -17,7 +17,6 @@ from ckpt_tool.errors import ExitCode
 from ckpt_tool.recipes.launch import read_metrics
 from ckpt_tool.store.store import CheckpointStore
 
-from ..conftest import SAVE_EVERY
 from .conftest import assert_identical_to_reference, assert_no_straggler, ckpt_cli, ckpt_json
 
 pytestmark = pytest.mark.slow
@@ -84,14 +83,21 @@ def test_slow_checkpoints_and_a_data_stall_are_not_hangs(supervised):
 def test_sigusr1_checkpoints_exits_requeue_and_resumes(reference_run, supervised):
     s = supervised().start()
     s.wait_for_step(17)
+    signalled_at = time.time()
     os.kill(s.proc.pid, signal.SIGUSR1)
     assert s.wait() == ExitCode.REQUEUE, s.log_tail()
-    stopped = [e for e in s.events() if e["event"] == "stopped_for_requeue"]
+    events = s.events()
+    assert [e["purpose"] for e in events if e["event"] == "stop_requested"] == ["requeue"], s.log_tail()
+    stopped = [e for e in events if e["event"] == "stopped_for_requeue"]
     assert stopped, s.log_tail()
     step = stopped[0]["step"]
-    assert step >= 17 and step % SAVE_EVERY != 0 or step >= 17  # saved at the next step boundary
+    # The checkpoint is the stop's own, at the step boundary after the signal: the last step trained
+    # (none after it), committed after the signal; not the periodic one (every 5 steps) before it.
+    assert step >= 17 and max(m.step for m in read_metrics(s.metrics)) == step
     store = CheckpointStore(s.ckpt)
     assert store.read_latest() == step and store.check_files(step).ok
+    [commit] = [e for e in store.events() if e.event == "commit" and e.step == step]
+    assert commit.time >= signalled_at, (commit, signalled_at)
     again = supervised(name="again")
     again.argv = s.argv  # the same job, started again (as SLURM's requeue does)
     again.root = s.root

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 from importlib.resources import files
 from pathlib import Path
@@ -68,20 +69,37 @@ def test_rendered_script_matches_golden_file(name, kw):
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
-def test_the_chain_has_the_protocol_parts():
-    script = render(spec(), TEMPLATE)
-    for must in (
-        "#SBATCH --requeue",
-        "#SBATCH --open-mode=append",
-        "#SBATCH --signal=B:USR1@120",
-        "trap 'ckpt_on_signal USR1' USR1",
-        "${SLURM_RESTART_COUNT:-0}",
-        'scontrol requeue "$SLURM_JOB_ID"',
-        "PAYLOAD=$!",
-        'wait "$PAYLOAD"',
-    ):
-        assert must in script, must
-    assert script.index("trap ") < script.index(" recover ") < script.index("srun ")
+def test_the_script_asks_slurm_for_requeues_and_traps_the_signals_before_it_starts_anything():
+    """The protocol's parts as bash and sbatch read them, not as substrings anywhere (a comment
+    would do): the directives of the header, the traps run at the top level, and the order of
+    the commands (traps, then ckpt recover, then srun, each in the background and waited for)."""
+    lines = render(spec(), TEMPLATE).splitlines()
+    header = list(itertools.takewhile(lambda line: line.startswith("#SBATCH"), lines[1:]))  # right after the shebang
+    directives = dict(line.removeprefix("#SBATCH --").partition("=")[::2] for line in header)
+    assert {k: directives.get(k) for k in ("requeue", "open-mode", "signal")} == {
+        "requeue": "",
+        "open-mode": "append",  # a requeued job appends to its own output
+        "signal": "B:USR1@120",  # USR1 to the batch shell, --signal-lead seconds before the limit
+    }
+    code = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    top = [line for line in lines if line.startswith("trap ")]  # not indented: run as the script starts
+    assert top == ["trap 'ckpt_on_signal USR1' USR1", "trap 'ckpt_on_signal TERM' TERM"]
+
+    def first(start: str) -> int:
+        return next(i for i, line in enumerate(code) if line.startswith(start))
+
+    recover, srun = first('"${CKPT[@]}" recover '), first("srun ")
+    assert first("trap 'ckpt_on_signal USR1'") < recover < srun
+    for started in (recover, srun):  # in the background, so that a trap runs while it works
+        payload = first_after(code, started, "PAYLOAD=$!")
+        assert code[payload + 1].startswith('wait "$PAYLOAD"'), code[payload : payload + 2]
+    assert any(line.startswith('scontrol requeue "$SLURM_JOB_ID"') for line in code)
+    assert 'RESTART="${SLURM_RESTART_COUNT:-0}"' in code  # the requeue count SLURM keeps
+
+
+def first_after(lines: list[str], start: int, text: str) -> int:
+    """The index of the first line from ``start`` on that starts with ``text``."""
+    return next(i for i in range(start, len(lines)) if lines[i].startswith(text))
 
 
 HOSTILE = ["it's", 'say "hi"', "$(touch {marker})", "`touch {marker}`", "a;touch {marker}", "line1\nline2", "*", "~root", "$HOME"]
