@@ -125,6 +125,7 @@ def test_scancel_stops_the_job_for_good_after_a_checkpoint(slurm, tmp_path, canc
     cancel_jobs.append(job)
     job.wait_for_step(10)
     job.wait_for(lambda: "ready: trap installed" in job.output() and "starting ckpt run" in job.output(), "readiness")
+    cancelled_at = time.time()
     assert subprocess.run(["scancel", job.id]).returncode == 0
     job.wait_done(timeout=60)
     time.sleep(3)  # a requeued job would show up again as PENDING
@@ -133,10 +134,18 @@ def test_scancel_stops_the_job_for_good_after_a_checkpoint(slurm, tmp_path, canc
     # The trap logs the decision at the TERM; the script's closing line may be cut by the SIGKILL
     # that follows KillWait (5 s here) on a loaded machine, so only the trap's line is required.
     assert "TERM from scancel" in out and "not requeuing" in out and "requeuing (restart" not in out, out[-3000:]
-    events = [json.loads(line)["event"] for line in (job.run_dir / "events.jsonl").read_text().splitlines()]
+    run_events = [json.loads(line) for line in (job.run_dir / "events.jsonl").read_text().splitlines()]
+    events = [e["event"] for e in run_events]
     assert "cancelled" in events and "requeue" not in events
+    asked = [e for e in run_events if e["event"] == "stop_requested"]
+    assert any(e["purpose"] == "stop" and "TERM" in e["signals"] for e in asked), asked
+    # The checkpoint is the one the stop made (a periodic save would leave a valid LATEST too):
+    # committed after the scancel, at the last step trained, and LATEST names it.
     store = CheckpointStore(job.ckpt)
-    assert store.read_latest() is not None and store.check_files(store.read_latest()).ok
+    latest = store.read_latest()
+    after = [e.step for e in store.events() if e.event == "commit" and e.time >= cancelled_at]
+    assert after and after[-1] == latest, (after, latest, out[-3000:])
+    assert max(m.step for m in read_metrics(job.metrics)) == latest and store.check_files(latest).ok
 
 
 def test_max_requeues_reached_ends_with_a_clear_final_state(slurm, tmp_path, cancel_jobs):
