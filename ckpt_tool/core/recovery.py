@@ -1,8 +1,19 @@
-"""Recovery decisions: which checkpoint to resume from, and where to fall back. Pure."""
+"""The recovery planner: which checkpoint to resume from, what to quarantine, how LATEST moves. Pure.
+
+Every recovery path asks it the same way: the facts of the directory (``StoreView``), what was
+asked (``Settle`` after a crash, ``Rollback``, ``Resume``, ``Damaged``) and the checks made so
+far go in; one ``RecoveryPlan`` comes out. A plan that needs a step judged first says so
+(``check``): the executor (``ckpt_tool.store.recovery``) checks that step and plans again, so
+the order in which steps are checked is the planner's too. The executor carries out the plan's
+``actions`` in order; nothing here reads or writes the disk.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ckpt_tool.core import layout
 
 
 def fallback_step(committed: Iterable[int], below: int | None) -> int | None:
@@ -15,3 +26,236 @@ def steps_to_quarantine_on_rollback(committed: Iterable[int], latest: int | None
     """Rolling back to ``target`` quarantines every committed step after it up to LATEST
     (all of them when LATEST is unknown): they are what the user judged bad."""
     return sorted(s for s in committed if s > target and (latest is None or s <= latest))
+
+
+# ------------------------------------------------------------------ facts in
+@dataclass(frozen=True)
+class StoreView:
+    """What the directory says, read once by the executor.
+
+    ``latest``: the step LATEST names (None: missing or unreadable). ``latest_problem``: why
+    LATEST cannot be trusted, in the store's words (None: it can). ``leftovers``: staging and
+    half-deleted directories a crash left, as (name, kind) with kind ``partial``/``deleting``.
+    """
+
+    committed: tuple[int, ...]  # step directories with a manifest, oldest first
+    step_dirs: tuple[int, ...] = ()  # every step_N directory, committed or not, oldest first
+    latest: int | None = None
+    latest_problem: str | None = None
+    leftovers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One step judged by the executor's check (validate, verify): passed or not, and why not."""
+
+    step: int
+    ok: bool
+    problems: tuple[str, ...] = ()
+
+
+# ------------------------------------------------------------------ what is asked
+@dataclass(frozen=True)
+class Settle:
+    """After a crash, before anything else: remove the leftovers, roll LATEST forward onto a
+    valid newer step (or quarantine it), repair a LATEST that is missing or unreadable.
+    ``can_check=False``: no check is available, so nothing newer than LATEST is trusted."""
+
+    can_check: bool = True
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Move LATEST back: to ``to``; with ``auto`` to the newest step up to LATEST that passes;
+    else to the newest older than LATEST that passes. What comes after the target up to LATEST
+    is quarantined with ``reason``."""
+
+    to: int | None = None
+    auto: bool = False
+    reason: str = "manual rollback"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The ranks' first candidate: LATEST when it names a committed step, else the newest
+    committed one (LATEST moved there, for the reason ``latest_problem`` gives)."""
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """``step`` failed what the ranks check as they load it: quarantine it, LATEST back one."""
+
+    step: int
+    problems: tuple[str, ...]
+
+
+Intent = Settle | Rollback | Resume | Damaged
+
+
+# ------------------------------------------------------------------ plan out
+@dataclass(frozen=True)
+class Remove:
+    """Delete a leftover of a crash (never a committed step)."""
+
+    name: str
+    kind: str  # "partial" | "deleting"
+
+    @property
+    def says(self) -> str:
+        return f"removed {self.name} (left by a crash)"
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Move ``step`` aside into quarantine/ (never delete it), recording ``reason``."""
+
+    step: int
+    reason: str
+    says: str = ""
+
+
+@dataclass(frozen=True)
+class MoveLatest:
+    """Point LATEST at ``step``; ``event`` is what the index records: ``rollback`` (with the
+    previous step and ``reason``), ``roll_forward`` (with ``previous``) or ``repair_latest``
+    (with ``reason``)."""
+
+    step: int
+    reason: str
+    event: str = "rollback"
+    previous: int | None = None
+    says: str = ""
+
+
+Action = Remove | Quarantine | MoveLatest
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """One decision. ``check`` set: judge that step and plan again (the plan is not final).
+    Otherwise ``step`` is where the run resumes or the rollback lands (None: a fresh start, or,
+    with ``tried`` or ``problem``, nothing usable), and ``actions`` are carried out in order."""
+
+    step: int | None
+    actions: tuple[Action, ...] = ()
+    check: int | None = None
+    tried: tuple[int, ...] = ()  # steps judged and failed, in the order they were checked
+    problem: str | None = None  # why there is no step, when that is an error
+
+    @property
+    def quarantined(self) -> tuple[int, ...]:
+        return tuple(a.step for a in self.actions if isinstance(a, Quarantine))
+
+    @property
+    def lines(self) -> list[str]:
+        """A line per action, as ``ckpt recover`` and the resume's log show them."""
+        return [a.says for a in self.actions if a.says]
+
+
+def plan(view: StoreView, intent: Intent, checks: Mapping[int, Checked] | None = None) -> RecoveryPlan:
+    """The recovery decision for ``intent`` on ``view``, given the steps already judged."""
+    checks = checks or {}
+    if isinstance(intent, Settle):
+        return _settle(view, intent, checks)
+    if isinstance(intent, Rollback):
+        return _rollback(view, intent, checks)
+    if isinstance(intent, Resume):
+        return _resume(view)
+    return _damaged(view, intent)
+
+
+def _settle(view: StoreView, intent: Settle, checks: Mapping[int, Checked]) -> RecoveryPlan:
+    actions: list[Action] = [Remove(name, kind) for name, kind in view.leftovers]
+    latest = view.latest
+    if latest is None and view.committed and intent.can_check:
+        cause = view.latest_problem or "LATEST was missing"
+        for step in reversed(view.committed):
+            if step not in checks:
+                return RecoveryPlan(None, tuple(actions), check=step)
+            if checks[step].ok:
+                says = f"{cause}: LATEST now names {layout.step_dir_name(step)}, the newest valid checkpoint"
+                actions.append(MoveLatest(step, cause, "repair_latest", says=says))
+                latest = step
+                break
+            says = f"quarantined {layout.step_dir_name(step)} (not valid; {cause})"
+            actions.append(Quarantine(step, f"not valid ({cause})", says))
+    elif latest is not None:
+        for step in (s for s in view.committed if s > view.latest):  # type: ignore[operator]
+            if intent.can_check and step not in checks:
+                return RecoveryPlan(latest, tuple(actions), check=step)
+            if intent.can_check and checks[step].ok:
+                says = f"LATEST moved forward to {layout.step_dir_name(step)} (committed, pointer not yet moved at the crash)"
+                actions.append(MoveLatest(step, "", "roll_forward", previous=latest, says=says))
+                latest = step
+            else:
+                says = f"quarantined {layout.step_dir_name(step)} (newer than LATEST, not valid)"
+                actions.append(Quarantine(step, "newer than LATEST and not valid", says))
+    return RecoveryPlan(latest, tuple(actions), tried=tuple(s for s, c in checks.items() if not c.ok))
+
+
+def _rollback(view: StoreView, intent: Rollback, checks: Mapping[int, Checked]) -> RecoveryPlan:
+    latest = view.latest
+    if intent.to is not None:
+        candidates = [intent.to]
+    elif intent.auto:
+        candidates = [s for s in reversed(view.committed) if latest is None or s <= latest]
+    else:
+        candidates = [s for s in reversed(view.committed) if latest is None or s < latest]
+    tried: list[int] = []
+    target = None
+    for step in candidates:
+        if step not in checks:
+            return RecoveryPlan(None, check=step, tried=tuple(tried))
+        if checks[step].ok:
+            target = step
+            break
+        tried.append(step)
+    if target is None:
+        return RecoveryPlan(None, tried=tuple(tried), problem="no valid checkpoint to roll back to")
+    problems = {s: "; ".join(c.problems[:3]) for s, c in checks.items()}
+    # every step directory after the target, committed or not (a manifest may be what is damaged)
+    actions: list[Action] = [
+        Quarantine(s, f"{intent.reason}: {problems.get(s) or f'rolled back to {target}'}")
+        for s in steps_to_quarantine_on_rollback(view.step_dirs, latest, target)
+    ]
+    if target != latest:
+        reason = intent.reason if view.latest_problem is None else f"{intent.reason} ({view.latest_problem})"
+        actions.append(MoveLatest(target, reason))
+    return RecoveryPlan(target, tuple(actions), tried=tuple(tried))
+
+
+def _resume(view: StoreView) -> RecoveryPlan:
+    if view.latest_problem is None:
+        return RecoveryPlan(view.latest)  # LATEST names a committed step (None: nothing at all yet)
+    step = fallback_step(view.committed, None)
+    if step is None:
+        return RecoveryPlan(None, problem=f"{view.latest_problem}, and no committed checkpoint is left")
+    return RecoveryPlan(step, (MoveLatest(step, view.latest_problem, says=f"{view.latest_problem} (LATEST moved to step {step})"),))
+
+
+def _damaged(view: StoreView, intent: Damaged) -> RecoveryPlan:
+    reason = "; ".join(intent.problems[:5])
+    actions: list[Action] = [Quarantine(intent.step, reason, f"step {intent.step} (damaged and quarantined, see above)")]
+    previous = fallback_step(view.committed, intent.step)
+    if previous is not None:
+        actions.append(MoveLatest(previous, f"step {intent.step} damaged: {reason}"))
+    return RecoveryPlan(previous, tuple(actions), tried=(intent.step,))
+
+
+__all__ = [
+    "Action",
+    "Checked",
+    "Damaged",
+    "Intent",
+    "MoveLatest",
+    "Quarantine",
+    "RecoveryPlan",
+    "Remove",
+    "Resume",
+    "Rollback",
+    "Settle",
+    "StoreView",
+    "fallback_step",
+    "plan",
+    "steps_to_quarantine_on_rollback",
+]

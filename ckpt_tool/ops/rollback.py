@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_tool.core.recovery import steps_to_quarantine_on_rollback
+from ckpt_tool.core.recovery import Checked, Rollback
 from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store import recovery
 from ckpt_tool.store.store import CheckpointStore
 
 
@@ -87,7 +88,8 @@ def rollback(
     ``dry_run`` changes nothing on disk (not even the index)."""
     listing = store.listing()
     latest = listing.latest
-    committed = store.committed_on_disk()
+    facts = recovery.view(store, latest, listing.latest_problem)
+    committed = facts.committed
     if not committed:
         raise CkptError(f"{store.root} holds no committed checkpoint", "nothing to roll back to; check the path", ExitCode.NOT_FOUND)
     if to is not None:
@@ -99,32 +101,23 @@ def rollback(
                 f"committed steps: {', '.join(map(str, committed[-10:]))} (see `ckpt list`)",
                 ExitCode.NOT_FOUND,
             )
-        candidates = [to]
-    elif auto:
-        candidates = [s for s in reversed(committed) if latest is None or s <= latest]
-    else:
-        candidates = [s for s in reversed(committed) if latest is None or s < latest]
-    attempts = []
     notes: list[str] = []
-    for step in candidates:
-        attempt = check_step(store, step, verify=auto, entry=entry, record=not dry_run, notes=notes)
-        attempts.append(attempt)
-        if attempt.ok:
-            target = step
-            break
-    else:
-        tried = ", ".join(str(a.step) for a in attempts) or "none"
+    attempts: dict[int, Attempt] = {}
+
+    def judge(step: int) -> Checked:
+        attempts[step] = attempt = check_step(store, step, verify=auto, entry=entry, record=not dry_run, notes=notes)
+        return Checked(step, attempt.ok, attempt.problems)
+
+    decided, _ = recovery.decide(facts, Rollback(to, auto, reason), judge)
+    if decided.step is None:
+        tried = ", ".join(str(s) for s in attempts) or "none"
         raise CkptError(
             f"no valid checkpoint to roll back to in {store.root} (tried: {tried})",
             "run `ckpt validate --all` to see the damage; older copies may be in quarantine/",
             ExitCode.NOT_FOUND,
         )
-    # every step directory after the target, committed or not (a manifest may be what is damaged)
-    quarantine = steps_to_quarantine_on_rollback(store.step_dirs(), latest, target)
     if not dry_run:
-        problems = {a.step: "; ".join(a.problems[:3]) for a in attempts}
-        for step in quarantine:
-            store.quarantine(step, f"{reason}: {problems.get(step) or f'rolled back to {target}'}")
-        if target != latest:
-            store.set_latest(target, reason if listing.latest_problem is None else f"{reason} ({listing.latest_problem})")
-    return RollbackReport(latest, target, tuple(quarantine), tuple(attempts), dry_run, listing.latest_problem, tuple(notes))
+        recovery.carry_out(store, decided)
+    return RollbackReport(
+        latest, decided.step, decided.quarantined, tuple(attempts.values()), dry_run, listing.latest_problem, tuple(notes)
+    )

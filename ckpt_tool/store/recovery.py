@@ -1,0 +1,82 @@
+"""The recovery executor: reads what the planner needs, checks the steps it asks about, carries out its plan.
+
+The one place a recovery decision (``ckpt_tool.core.recovery.plan``) touches the disk, for
+``ckpt recover``, ``ckpt rollback``, the crash clean-up and the ranks' resume alike. Actions are
+carried out under the directory's lock, in the plan's order; quarantine moves, never deletes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ckpt_tool.core import layout
+from ckpt_tool.core.recovery import Checked, Intent, MoveLatest, Quarantine, RecoveryPlan, Remove, StoreView, plan
+from ckpt_tool.errors import CkptError, ExitCode
+
+if TYPE_CHECKING:
+    from ckpt_tool.store.store import CheckpointStore
+
+Check = Callable[[int], Checked]
+
+
+def view(store: CheckpointStore, latest: int | None = None, latest_problem: str | None = None) -> StoreView:
+    """The directory's facts: one listing (committed steps, every step directory, leftovers),
+    with LATEST as the caller read it (each path states its problem in its own words)."""
+    entries = sorted(store._scan(), key=lambda e: e.step)
+    steps = [e for e in entries if e.kind is layout.EntryKind.STEP]
+    return StoreView(
+        committed=tuple(e.step for e in steps if (store.root / e.name / layout.MANIFEST_NAME).is_file()),
+        step_dirs=tuple(e.step for e in steps),
+        latest=latest,
+        latest_problem=latest_problem,
+        leftovers=tuple((e.name, e.kind.value) for e in entries if e.kind in (layout.EntryKind.PARTIAL, layout.EntryKind.DELETING)),
+    )
+
+
+def decide(facts: StoreView, intent: Intent, check: Check | None = None) -> tuple[RecoveryPlan, dict[int, Checked]]:
+    """Plan, checking each step the planner asks about with ``check``, until the plan is final.
+    Returns the plan and every check made (in the order made)."""
+    checks: dict[int, Checked] = {}
+    while True:
+        decided = plan(facts, intent, checks)
+        if decided.check is None:
+            return decided, checks
+        if check is None:
+            raise AssertionError(f"the recovery plan needs step {decided.check} checked and no check was given")
+        checks[decided.check] = check(decided.check)
+
+
+def carry_out(store: CheckpointStore, decided: RecoveryPlan, locked: bool = False) -> list[str]:
+    """Carry out ``decided``'s actions in order, under the directory's lock (``locked``: the
+    caller holds it). Returns the plan's line per action."""
+    if not locked:
+        with store.changing():
+            return carry_out(store, decided, locked=True)
+    for action in decided.actions:
+        if isinstance(action, Remove):
+            shutil.rmtree(store.root / action.name, ignore_errors=True)
+            store.append_event("cleanup", name=action.name, reason=f"{action.kind} directory left by a crash")
+        elif isinstance(action, Quarantine):
+            store._move_to_quarantine(action.step, action.reason)
+        elif isinstance(action, MoveLatest):
+            _move_latest(store, action)
+    return decided.lines
+
+
+def _move_latest(store: CheckpointStore, move: MoveLatest) -> None:
+    if move.event == "repair_latest":
+        store._write_latest(move.step)
+        store.append_event("repair_latest", step=move.step, reason=move.reason)
+    elif move.event == "roll_forward":
+        store._write_latest(move.step)
+        store.append_event("roll_forward", step=move.step, previous=move.previous)
+    else:
+        if not (store.step_path(move.step) / layout.MANIFEST_NAME).is_file():
+            raise CkptError(
+                f"step {move.step} has no committed checkpoint in {store.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND
+            )
+        previous = store.latest_or_none()
+        store._write_latest(move.step)
+        store.append_event(move.event, step=move.step, previous=previous, reason=move.reason)
