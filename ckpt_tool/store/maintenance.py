@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.index import known_invalid
+from ckpt_tool.core.recovery import Checked, Settle
 from ckpt_tool.core.retention import RetentionPolicy, kept_candidates, steps_to_delete
 from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store import recovery
 from ckpt_tool.store.durable import fsync_dir
 
 if TYPE_CHECKING:
@@ -84,7 +86,8 @@ class MaintenanceMixin:
         return victims
 
     def clean_up_after_crash(self: CheckpointStore, roll_forward: Callable[[int], bool] | None = None) -> list[str]:
-        """Remove staging and half-deleted directories; settle the pointer.
+        """Remove staging and half-deleted directories; settle the pointer (the recovery
+        planner's ``Settle``, carried out by its executor, all under the directory's lock).
 
         - A ``step_N`` newer than a sound LATEST (a crash between rename and pointer move) is
           rolled forward when ``roll_forward(step)`` says it is valid, else quarantined.
@@ -93,42 +96,16 @@ class MaintenanceMixin:
           quarantined), with the cause recorded.
         Returns a line per action.
         """
-        actions = []
+
+        def check(step: int) -> Checked:
+            assert roll_forward is not None
+            return Checked(step, roll_forward(step))
+
         with self.changing():
             try:
                 latest, pointer_error = self.read_latest(), None
             except CkptError as exc:
                 latest, pointer_error = None, exc.message
-            entries = sorted(self._scan(), key=lambda e: e.step)
-            for entry in entries:
-                if entry.kind in (layout.EntryKind.PARTIAL, layout.EntryKind.DELETING):
-                    shutil.rmtree(self.root / entry.name, ignore_errors=True)
-                    self.append_event("cleanup", name=entry.name, reason=f"{entry.kind.value} directory left by a crash")
-                    actions.append(f"removed {entry.name} (left by a crash)")
-            committed = [
-                e.step for e in entries if e.kind is layout.EntryKind.STEP and (self.root / e.name / layout.MANIFEST_NAME).is_file()
-            ]
-            if latest is None and committed and roll_forward is not None:
-                cause = pointer_error or "LATEST was missing"
-                for step in reversed(committed):
-                    if roll_forward(step):
-                        self._write_latest(step)
-                        self.append_event("repair_latest", step=step, reason=cause)
-                        actions.append(f"{cause}: LATEST now names {layout.step_dir_name(step)}, the newest valid checkpoint")
-                        latest = step
-                        break
-                    self._move_to_quarantine(step, f"not valid ({cause})")
-                    actions.append(f"quarantined {layout.step_dir_name(step)} (not valid; {cause})")
-            elif latest is not None:
-                for step in (s for s in committed if s > latest):
-                    if roll_forward is not None and roll_forward(step):
-                        self._write_latest(step)
-                        self.append_event("roll_forward", step=step, previous=latest)
-                        actions.append(
-                            f"LATEST moved forward to {layout.step_dir_name(step)} (committed, pointer not yet moved at the crash)"
-                        )
-                        latest = step
-                    else:
-                        self._move_to_quarantine(step, "newer than LATEST and not valid")
-                        actions.append(f"quarantined {layout.step_dir_name(step)} (newer than LATEST, not valid)")
-        return actions
+            facts = recovery.view(self, latest, pointer_error)
+            decided, _ = recovery.decide(facts, Settle(can_check=roll_forward is not None), check)
+            return recovery.carry_out(self, decided, locked=True)
