@@ -20,9 +20,10 @@ from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.core.recovery import fallback_step
+from ckpt_tool.core.recovery import Damaged, Resume, plan
 from ckpt_tool.core.reshard import ReshardPlan, plan_resume
 from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store import recovery
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.comm import Comm
@@ -96,32 +97,34 @@ class Resumption:
         )
 
     def _candidate(self) -> int | None:
-        """LATEST's step when it names a committed checkpoint; else (said in the store's words,
-        ``require_latest``) the newest committed one, LATEST moved to it; None: a fresh start."""
+        """The recovery planner's ``Resume``: LATEST's step when it names a committed checkpoint;
+        else (said in the store's words, ``require_latest``) the newest committed one, LATEST
+        moved to it; None: a fresh start."""
+        latest, problem = None, None
         try:
             latest = self.store.read_latest()
-            if latest is None and not self.store.committed_on_disk():
-                return None
-            return self.store.require_latest()
+            if latest is not None or self.store.committed_on_disk():
+                latest = self.store.require_latest()
         except CkptError as exc:
-            reason = exc.message
-        step = fallback_step(self.store.committed_on_disk(), None)
-        if step is None:
+            problem = exc.message
+        decided = plan(recovery.view(self.store, latest, problem), Resume())
+        if decided.problem is not None:
             raise CkptError(
-                f"{reason}, and no committed checkpoint is left in {self.store.root}",
+                f"{decided.problem} in {self.store.root}",
                 f"`ckpt validate {self.store.root} --all` shows what is there; start the run from scratch in a new directory, "
                 f"or restore a checkpoint from {self.store.quarantine_root}",
                 ExitCode.NOT_FOUND,
             )
-        log.warning(
-            "ckpt: %s; falling back to step %d (LATEST moved there; `ckpt validate %s --all` checks the others)",
-            reason,
-            step,
-            self.store.root,
-        )
-        self.skipped.append(f"{reason} (LATEST moved to step {step})")
-        self.store.set_latest(step, reason)
-        return step
+        if decided.actions:
+            log.warning(
+                "ckpt: %s; falling back to step %d (LATEST moved there; `ckpt validate %s --all` checks the others)",
+                problem,
+                decided.step,
+                self.store.root,
+            )
+            self.skipped.extend(decided.lines)
+            recovery.carry_out(self.store, decided)
+        return decided.step
 
     def _check_structure(self, step: int) -> list[str]:
         """Rank 0 checks the files are all there with their sizes and the DCP metadata is safe
@@ -260,10 +263,9 @@ class Resumption:
         return sorted({p for rank_problems in self.comm.all_gather(problems) for p in rank_problems})
 
     def _fall_back(self, bad: int, problems: list[str]) -> None:
-        reason = "; ".join(problems[:5])
-        log.error("ckpt: checkpoint step %d is damaged (%s): quarantining it", bad, reason)
-        self.store.quarantine(bad, reason)
-        self.skipped.append(f"step {bad} (damaged and quarantined, see above)")
-        previous = fallback_step(self.store.committed_on_disk(), bad)
-        if previous is not None:
-            self.store.set_latest(previous, f"step {bad} damaged: {reason}")
+        """Damage the ranks found goes back through the recovery planner (``Damaged``): the
+        step is quarantined and LATEST moves to the one before it."""
+        log.error("ckpt: checkpoint step %d is damaged (%s): quarantining it", bad, "; ".join(problems[:5]))
+        decided = plan(recovery.view(self.store), Damaged(bad, tuple(problems)))
+        recovery.carry_out(self.store, decided)
+        self.skipped.extend(decided.lines)
