@@ -41,3 +41,42 @@ class CkptError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class _Kind(type):
+    """``isinstance(exc, DamageError)`` also holds for a plain ``CkptError`` raised with exit 1:
+    the raisers of damage (store, validation, DCP reads) still say ``CkptError(..., FAILED)``,
+    and the callers that tell damage from the rest ask by type already."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        plain = getattr(cls, "_plain_exit_code", None)
+        return type.__instancecheck__(cls, obj) or (plain is not None and type(obj) is CkptError and obj.exit_code == plain)
+
+
+class DamageError(CkptError, metaclass=_Kind):
+    """The checkpoint's bytes are not what was committed (a hash, a size, a torn manifest):
+    quarantine it and fall back to an older one. Exit 1."""
+
+    _plain_exit_code = ExitCode.FAILED
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.FAILED) -> None:
+        super().__init__(message, hint, exit_code)
+
+
+class MisfitError(CkptError):
+    """A sound checkpoint that does not fit this run (world size, shapes, global batch): nothing
+    is moved, an older checkpoint would not fit either. Exit 4."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.CONFLICT) -> None:
+        super().__init__(message, hint, exit_code)
+
+
+class NewerFormatError(MisfitError):
+    """Written by a newer ckpt-tool (a format version this one cannot read): upgrade. Exit 4."""
+
+
+class PermissionDeniedError(CkptError):
+    """A file this user may not read or change: not damage, nothing judged or moved. Exit 2."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.USAGE) -> None:
+        super().__init__(message, hint, exit_code)

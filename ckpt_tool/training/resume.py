@@ -22,7 +22,7 @@ from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.recovery import Damaged, Resume, plan
 from ckpt_tool.core.reshard import ReshardPlan, plan_resume
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store import recovery
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
@@ -142,7 +142,7 @@ class Resumption:
         try:
             return self.comm.on_coordinator(check)
         except CkptError as exc:
-            if exc.exit_code == ExitCode.FAILED:
+            if isinstance(exc, DamageError):
                 return [exc.message]
             raise CkptError(f"checkpoint step {step}: {exc.message}", exc.hint, exc.exit_code) from None
 
@@ -210,7 +210,7 @@ class Resumption:
             if not manifest.adopted:  # adopted weights carry no training state
                 rank_state = read_rank_state(path, verify_fs, self.comm.rank, self.mesh, manifest.layout)
         except CkptError as exc:
-            if exc.exit_code != ExitCode.FAILED:  # not damage: does not fit the run, not readable by this user
+            if not isinstance(exc, DamageError):  # not damage: does not fit the run, not readable by this user
                 mismatch = exc
             problems = [exc.message]
         gathered = self.comm.all_gather((problems, mismatch))
