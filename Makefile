@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test tour test-fast lint bench bench-long slurm-up slurm-down clean
+.PHONY: demo test tour test-fast lint bench bench-quick bench-long slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -43,6 +43,10 @@ lint: $(STAMP)
 ## make bench: measure the figures in BENCHMARKS.md (several minutes).
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+## make bench-quick: every figure at its smallest size (a smoke test of the benchmarks, ~8-13 min here; CI runs it).
+bench-quick: $(STAMP)
+	$(PY) bench/run_all.py --quick --output $(VENV)/bench-quick.md
 
 ## make bench-long: the 200-trial power-cut campaign and the goodput simulation (about 45 min).
 bench-long: $(STAMP)
