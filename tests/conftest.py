@@ -1,7 +1,11 @@
-"""Shared fixtures: running the reference recipe under real torchrun (2 ranks, gloo, FSDP2)."""
+"""Shared fixtures: running the reference recipe under real torchrun (2 ranks, gloo, FSDP2), and a
+real small filesystem to fill."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,3 +68,22 @@ def recipe_checkpoints(tmp_path_factory) -> Path:
     recipe = Recipe(tmp_path_factory.mktemp("recipe-ckpts"), steps=20, save_every=5, extra=("--keep-last", "4"))
     assert recipe.run() == 0, recipe.log.read_text()[-3000:]
     return recipe.ckpt_dir
+
+
+@pytest.fixture
+def small_tmpfs() -> Iterator[Callable[[Path, str], Path]]:
+    """``mount(path, size)``: a tmpfs of ``size`` (``"2m"``, ``"24k"``) mounted at ``path``, a real
+    disk to fill; unmounted after the test. Skips without root."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a size-limited tmpfs needs root")
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -18,14 +18,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.filterwarnings("ignore::UserWarnin
 
 
 @pytest.fixture
-def small_fs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_fs(tmp_path, small_tmpfs):
+    return small_tmpfs(tmp_path / "mnt", "2m")
 
 
 def fill(mnt: Path, leave: int) -> Path:

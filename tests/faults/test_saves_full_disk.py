@@ -5,8 +5,6 @@ stays on a valid checkpoint; ``ckpt run`` does not restart on 78."""
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,19 +23,9 @@ from .test_full_disk import fill
 pytestmark = [pytest.mark.faults, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-def mount_tmpfs(path: Path, size: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-
-
 @pytest.fixture
-def small_fs(tmp_path):
-    mnt = tmp_path / "mnt"
-    mount_tmpfs(mnt, "2m")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_fs(tmp_path, small_tmpfs):
+    return small_tmpfs(tmp_path / "mnt", "2m")
 
 
 def test_a_failed_write_inside_torch_save_is_the_os_error_with_its_file(small_fs):
@@ -107,40 +95,36 @@ def test_a_commit_resets_the_count_and_a_failed_final_save_stops(small_fs, caplo
     filler.unlink()
 
 
-def recipe_on_full_disk(root: Path, *extra: str) -> tuple[Path, list[str]]:
+def recipe_on_full_disk(root: Path, small_tmpfs, *extra: str) -> tuple[Path, list[str]]:
     """The recipe (2 ranks) with its checkpoints on a 3 MB tmpfs: step 5 (2.2 MB) fits, no later one."""
-    ckpt = root / "ckpt"
-    mount_tmpfs(ckpt, "3m")
+    ckpt = small_tmpfs(root / "ckpt", "3m")
     return ckpt, recipe_args(ckpt, root / "metrics.jsonl", 40, 5, *FAST_ARGS, *extra)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("async_save", [False, True])
-def test_torchrun_goes_on_past_failed_saves_then_stops_with_78_and_latest_valid(tmp_path, async_save):
-    ckpt, args = recipe_on_full_disk(tmp_path, *(["--async-save"] if async_save else []))
-    try:
-        log = tmp_path / "log.txt"
-        assert run(torchrun_command(2, args), log, timeout=300) != 0
-        text = log.read_text()
-        assert "CheckpointException" not in text, text[-3000:]
-        assert "ckpt: WARNING: saving step 10 failed: no space left on device (ENOSPC) in " + str(ckpt) in text, text[-3000:]
-        assert "failed save 2 of 3 in a row" in text and "this save needed about 2.2 MB (the size of step 5)" in text
-        stop = "saving step 20 failed: no space left on device (ENOSPC)"
-        assert f"rank 0: error: {stop}" in text and "stopping: 3 failed saves in a row" in text
-        assert "exitcode: 78" in text  # torchrun's summary of the ranks
-        steps = [m.step for m in read_metrics(tmp_path / "metrics.jsonl")]
-        assert steps[-1] == (25 if async_save else 20)  # trained on past the failures; async notices step 20's at save(25)
-        store = CheckpointStore(ckpt)
-        assert store.read_latest() == 5 and store.check_files(5).ok and store.committed_on_disk() == [5]
-        assert sorted(p.name for p in ckpt.iterdir() if "partial" in p.name) == []
-    finally:
-        subprocess.run(["umount", "-l", str(ckpt)], check=False)
+def test_torchrun_goes_on_past_failed_saves_then_stops_with_78_and_latest_valid(tmp_path, small_tmpfs, async_save):
+    ckpt, args = recipe_on_full_disk(tmp_path, small_tmpfs, *(["--async-save"] if async_save else []))
+    log = tmp_path / "log.txt"
+    assert run(torchrun_command(2, args), log, timeout=300) != 0
+    text = log.read_text()
+    assert "CheckpointException" not in text, text[-3000:]
+    assert "ckpt: WARNING: saving step 10 failed: no space left on device (ENOSPC) in " + str(ckpt) in text, text[-3000:]
+    assert "failed save 2 of 3 in a row" in text and "this save needed about 2.2 MB (the size of step 5)" in text
+    stop = "saving step 20 failed: no space left on device (ENOSPC)"
+    assert f"rank 0: error: {stop}" in text and "stopping: 3 failed saves in a row" in text
+    assert "exitcode: 78" in text  # torchrun's summary of the ranks
+    steps = [m.step for m in read_metrics(tmp_path / "metrics.jsonl")]
+    assert steps[-1] == (25 if async_save else 20)  # trained on past the failures; async notices step 20's at save(25)
+    store = CheckpointStore(ckpt)
+    assert store.read_latest() == 5 and store.check_files(5).ok and store.committed_on_disk() == [5]
+    assert sorted(p.name for p in ckpt.iterdir() if "partial" in p.name) == []
 
 
 @pytest.mark.slow
-def test_ckpt_run_stops_at_once_on_78_with_the_message(supervised):  # noqa: F811 - the fixture
+def test_ckpt_run_stops_at_once_on_78_with_the_message(supervised, small_tmpfs):  # noqa: F811 - the fixture
     s = supervised("--max-failed-saves", "1", steps=40, save_every=5)
-    mount_tmpfs(s.ckpt, "3m")
+    small_tmpfs(s.ckpt, "3m")
     try:
         t0 = time.monotonic()
         assert s.run(timeout=300) == ExitCode.SAVE_FAILED, s.log_tail()
@@ -154,4 +138,3 @@ def test_ckpt_run_stops_at_once_on_78_with_the_message(supervised):  # noqa: F81
         assert CheckpointStore(s.ckpt).read_latest() == 5
     finally:
         s.kill()
-        subprocess.run(["umount", "-l", str(s.ckpt)], check=False)

@@ -3,7 +3,6 @@ half-written picture when the disk is full (a real small tmpfs)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,14 +41,8 @@ def test_plot_refuses_a_directory_and_a_suffix_it_cannot_write(ckpt, tmp_path):
 
 
 @pytest.fixture
-def full_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+def full_disk(tmp_path, small_tmpfs):
+    return small_tmpfs(tmp_path / "small", "24k")
 
 
 def test_a_full_disk_leaves_the_older_picture_as_it_was(ckpt, full_disk, tmp_path):
