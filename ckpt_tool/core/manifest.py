@@ -18,7 +18,7 @@ from typing import Any
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.layout import DCP_METADATA_NAME, MANIFEST_NAME
 from ckpt_tool.core.mesh import Mesh, UnknownDimension
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode, NewerFormatError
 
 FORMAT_VERSION = 1
 HASH_ALGO = "xxh3_128"
@@ -110,15 +110,12 @@ class Manifest:
             return _parse(data)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, _VersionError):
-                raise CkptError(
+                raise NewerFormatError(
                     f"{where} has format version {exc.args[0]}, this ckpt-tool reads version {FORMAT_VERSION}",
                     "upgrade ckpt-tool to read checkpoints written by a newer version",
-                    ExitCode.CONFLICT,
                 ) from None
             if isinstance(exc, UnknownDimension):  # not damage: a newer writer's kind of parallelism
-                raise CkptError(
-                    f"{where}: {exc}", "upgrade ckpt-tool to read checkpoints written by a newer version", ExitCode.CONFLICT
-                ) from None
+                raise NewerFormatError(f"{where}: {exc}", "upgrade ckpt-tool to read checkpoints written by a newer version") from None
             detail = f"misses the field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise _bad(where, detail) from None
 

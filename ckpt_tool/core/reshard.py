@@ -25,7 +25,7 @@ from typing import Any
 
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.mesh import DIMENSIONS, Mesh, nearest, require_fit
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode, MisfitError
 
 
 @dataclass(frozen=True)
@@ -73,11 +73,10 @@ def plan_batch(
         if ranks_per_dp > 1:
             worlds = " or ".join(str(d * ranks_per_dp) for d in near_sizes)
             sizes += f", i.e. {worlds} ranks with {ranks_per_dp} ranks per data-parallel rank"
-        raise CkptError(
+        raise MisfitError(
             f"global batch {g} cannot be split over {new_dp} data-parallel ranks ({g} is not divisible by {new_dp})",
             f"use a data-parallel size that divides {g} (nearest: {sizes}), "
             f"or change the global batch on purpose to {' or '.join(map(str, multiples))} (a multiple of {new_dp}; this changes the optimisation)",
-            ExitCode.CONFLICT,
         )
     per_rank = g // new_dp  # samples each rank handles per step = micro x accum
     if micro_batch is not None:
@@ -103,11 +102,10 @@ def check_mesh_change(old: Mesh, new: Mesh) -> Mesh:
     """
     for name in dict.fromkeys(old.names + new.names):
         if not DIMENSIONS[name].resizable and old.size(name) != new.size(name):
-            raise CkptError(
+            raise MisfitError(
                 f"the checkpoint was saved with {name} {old.size(name)} and this run has {name} {new.size(name)}: "
                 f"changing {DIMENSIONS[name].meaning} ({name}) is not supported",
                 f"continue with {name} {old.size(name)}; data parallel (dp_shard, dp_replicate) and tp may change",
-                ExitCode.CONFLICT,
             )
     merged = new.with_limits(old.limits)
     require_fit(merged, ExitCode.CONFLICT)
@@ -157,10 +155,9 @@ def plan_resume(
     new_mesh = check_mesh_change(saved_mesh, new_mesh)
     new_dp = new_mesh.dp_size
     if saved is None:
-        raise CkptError(
+        raise MisfitError(
             f"the checkpoint was written on mesh {saved_mesh.describe()} and records no batch split, so the global batch cannot be kept on {new_mesh.describe()}",
             "resume with the original mesh, or pass batch= to CheckpointManager when saving",
-            ExitCode.CONFLICT,
         )
     if requested is not None and requested.global_batch is not None and requested.global_batch != saved.global_batch:
         return ReshardPlan(saved, requested.resolve(new_dp), saved_mesh, new_mesh)  # --global-batch given: a deliberate change

@@ -27,7 +27,7 @@ from ckpt_tool.core.index import EventLog, IndexEvent, format_event, parse_index
 from ckpt_tool.core.listing import commit_summary
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.ownership import Owner
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode, PermissionDeniedError
 from ckpt_tool.store.checksums import hash_files
 from ckpt_tool.store.durable import append_line, atomic_write, fsync_dir
 from ckpt_tool.store.inspection import InspectionMixin
@@ -205,11 +205,10 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         )
         return CkptError(f"step {step} does not exist in {self.root}{where}", f"steps here: {shown} (see `ckpt list`)", ExitCode.NOT_FOUND)
 
-    def permission_denied(self, path: Path) -> CkptError:
-        return CkptError(
+    def permission_denied(self, path: Path) -> PermissionDeniedError:
+        return PermissionDeniedError(
             f"permission denied reading {path}: it was not checked (this is not damage)",
             "run as the user who owns the checkpoint, or ask them to grant read access",
-            ExitCode.USAGE,
         )
 
     def list_entries(self, step: int) -> dict[str, DiskEntry]:

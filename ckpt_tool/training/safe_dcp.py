@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import ReadItem
 
 from ckpt_tool.core.fit import fit_problems
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode, MisfitError
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 
 _ALLOWED: dict[str, frozenset[str]] = {
@@ -108,10 +108,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         wanted = {k: (tuple(v.size()) if isinstance(v, torch.Tensor) else None) for k, v in self.state_dict.items()}
         problems = fit_problems(wanted, saved)
         if problems:
-            raise CkptError(
+            raise MisfitError(
                 "the checkpoint does not fit this run's model or optimizer: " + "; ".join(problems),
                 "resume with the model and optimizer that wrote it, or start a new checkpoint directory; the checkpoint is intact and was left in place",
-                ExitCode.CONFLICT,
             )
         self.not_loaded = tuple(sorted(set(saved) - set(wanted)))
 

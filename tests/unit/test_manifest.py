@@ -5,7 +5,7 @@ import pytest
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FORMAT_VERSION, FileEntry, Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, DamageError, ExitCode, NewerFormatError
 
 
 def make_manifest(**kw) -> Manifest:
@@ -53,7 +53,7 @@ def test_a_mesh_of_a_newer_kind_is_not_damage():
     with pytest.raises(CkptError) as err:
         Manifest.from_json(json.dumps(data))
     assert err.value.exit_code == ExitCode.CONFLICT and "unknown mesh dimension 'ep'" in err.value.message
-    assert "upgrade" in err.value.hint
+    assert "upgrade" in err.value.hint and isinstance(err.value, NewerFormatError) and not isinstance(err.value, DamageError)
 
 
 def mutate(**changes):
@@ -116,5 +116,5 @@ def test_missing_field_is_named():
 def test_unknown_format_version_is_a_conflict_with_upgrade_hint():
     with pytest.raises(CkptError) as err:
         Manifest.from_json(mutate(format_version=FORMAT_VERSION + 1))
-    assert err.value.exit_code == ExitCode.CONFLICT
+    assert err.value.exit_code == ExitCode.CONFLICT and isinstance(err.value, NewerFormatError)
     assert "format version 2" in err.value.message and "upgrade" in err.value.hint

@@ -34,3 +34,21 @@ def test_damage_is_told_apart_by_type_including_the_plain_errors_raised_with_exi
     assert not isinstance(MisfitError("does not fit"), DamageError)
     assert not isinstance(PermissionDeniedError("may not read"), DamageError)
     assert str(DamageError("hash mismatch", "run `ckpt rollback`")) == "hash mismatch (hint: run `ckpt rollback`)"
+
+
+def test_the_raisers_raise_the_kind_they_are(tmp_path):
+    """A batch that cannot be split on the new mesh, a non-resizable dimension changed, a file this
+    user may not read: each raised as its kind, so a caller can catch it by type."""
+    import pytest
+
+    from ckpt_tool.core.batch import BatchConfig
+    from ckpt_tool.core.mesh import Mesh
+    from ckpt_tool.core.reshard import check_mesh_change, plan_batch
+    from ckpt_tool.store.store import CheckpointStore
+
+    with pytest.raises(MisfitError, match="global batch 12 cannot be split over 5"):
+        plan_batch(BatchConfig(2, 1, 6), 5)
+    with pytest.raises(MisfitError, match="changing .* is not supported"):
+        check_mesh_change(Mesh.of({"dp_shard": 2, "pp": 2}), Mesh.of({"dp_shard": 2, "pp": 1}))
+    denied = CheckpointStore(tmp_path, create=True).permission_denied(tmp_path / "step_00000020" / "__0_0.distcp")
+    assert isinstance(denied, PermissionDeniedError) and denied.exit_code == ExitCode.USAGE and "not damage" in denied.message
