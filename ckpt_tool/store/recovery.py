@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.recovery import Checked, Intent, MoveLatest, Quarantine, RecoveryPlan, Remove, StoreView, plan
-from ckpt_tool.errors import CkptError, ExitCode
 
 if TYPE_CHECKING:
     from ckpt_tool.store.store import CheckpointStore
@@ -73,10 +72,4 @@ def _move_latest(store: CheckpointStore, move: MoveLatest) -> None:
         store._write_latest(move.step)
         store.append_event("roll_forward", step=move.step, previous=move.previous)
     else:
-        if not (store.step_path(move.step) / layout.MANIFEST_NAME).is_file():
-            raise CkptError(
-                f"step {move.step} has no committed checkpoint in {store.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND
-            )
-        previous = store.latest_or_none()
-        store._write_latest(move.step)
-        store.append_event(move.event, step=move.step, previous=previous, reason=move.reason)
+        store.set_latest_locked(move.step, move.reason, move.event)

@@ -355,14 +355,19 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             return self._move_to_quarantine(step, reason)
 
     def set_latest(self, step: int, reason: str, event: str = "rollback") -> None:
+        """Point LATEST at committed ``step`` and record ``event`` with the previous one."""
         with self.changing():
-            if not (self.step_path(step) / layout.MANIFEST_NAME).is_file():
-                raise CkptError(
-                    f"step {step} has no committed checkpoint in {self.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND
-                )
-            previous = self.latest_or_none()
-            self._write_latest(step)
-            self.append_event(event, step=step, previous=previous, reason=reason)
+            self.set_latest_locked(step, reason, event)
+
+    def set_latest_locked(self, step: int, reason: str, event: str = "rollback") -> None:
+        """``set_latest`` for a caller that holds the directory's lock (the recovery executor)."""
+        if not (self.step_path(step) / layout.MANIFEST_NAME).is_file():
+            raise CkptError(
+                f"step {step} has no committed checkpoint in {self.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND
+            )
+        previous = self.latest_or_none()
+        self._write_latest(step)
+        self.append_event(event, step=step, previous=previous, reason=reason)
 
     def latest_or_none(self) -> int | None:
         """LATEST's step, or None when it is missing or damaged (recovery paths only)."""
