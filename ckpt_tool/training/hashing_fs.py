@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from ckpt_tool.core.manifest import FileEntry
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import FileDigest, binding_seed
+from ckpt_tool.timing import span
 
 FILE_MODE = 0o644
 _TMP_SUFFIX = ".tmp"  # DCP writes .metadata as .metadata.tmp, then renames it
@@ -84,6 +85,8 @@ class HashingFileSystem(FileSystem):
                     writer = _HashingWriter(raw, self.seed_for(name))
                     yield writer
                     writer.flush()
+                    with span("save.fsync"):  # after the flush: DCP's own fsync came before it (the .metadata was empty then)
+                        os.fsync(raw.fileno())
             except BaseException as exc:
                 os_error = _os_error_behind(exc, path)
                 self.write_failures.append(os_error or exc)
@@ -191,7 +194,8 @@ def _os_error_behind(exc: BaseException, path: Path) -> OSError | None:
 
 def hashing_writer(partial: Path, run_id: str, step: int, threads: int) -> tuple[FileSystemWriter, HashingFileSystem]:
     """DCP's writer for a staged checkpoint (``threads`` files per rank, fsync) through a
-    ``HashingFileSystem`` that hashes every file as it is written, seeded for ``run_id``/``step``."""
-    writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=threads, overwrite=True)
+    ``HashingFileSystem`` that hashes every file as it is written, seeded for ``run_id``/``step``
+    and fsyncs it once flushed (``create_stream``; DCP's ``sync_files`` fsyncs before the last flush)."""
+    writer = FileSystemWriter(partial, single_file_per_rank=True, sync_files=False, thread_count=threads, overwrite=True)
     writer.fs = fs = HashingFileSystem(lambda name: binding_seed(run_id, step, name))
     return writer, fs
