@@ -35,6 +35,7 @@ from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.ops.reshard import ReshardReport, check_reshard
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.timing import span
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_entries, commit_staged, staged_entries
@@ -123,7 +124,8 @@ def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, tp: int, micro: in
     parallel the rest."""
     copy = _Copy.open(src, step, comm.world_size, tp, micro)
     state = empty_targets(copy.metadata, init_device_mesh("cpu", (comm.world_size,)))
-    load_state(state, copy.path, process_group=comm.group, verify_with=copy.verify_fs)
+    with span("reshard.load"):
+        load_state(state, copy.path, process_group=comm.group, verify_with=copy.verify_fs)
     rank_json = copy.rank_json(comm.rank)
 
     def create() -> None:
@@ -132,9 +134,10 @@ def reshard_copy(comm: Comm, src: Path, step: int, dst: Path, tp: int, micro: in
     comm.on_coordinator(create)
     out = CheckpointStore(dst)
     writer, fs = copy.writer(out.begin_staging(step))
-    with fs.writers_settled():
+    with span("reshard.write"), fs.writers_settled():
         dcp.save(state, storage_writer=writer, process_group=comm.group)
-    commit_staged(out, comm, step, copy.manifest.run_id, fs, rank_json, copy.make_manifest)
+    with span("reshard.commit"):
+        commit_staged(out, comm, step, copy.manifest.run_id, fs, rank_json, copy.make_manifest)
 
 
 def reshard_in_one_process(src: Path, step: int, dst: Path, world: int, tp: int, micro: int | None, threads: int) -> None:
@@ -143,16 +146,18 @@ def reshard_in_one_process(src: Path, step: int, dst: Path, world: int, tp: int,
     written. On failure nothing is left in ``dst`` (a directory this call made is removed)."""
     copy = _Copy.open(src, step, world, tp, micro)
     state = empty_targets(copy.metadata, None)
-    load_state(state, copy.path, no_dist=True, verify_with=copy.verify_fs, threads=threads)
+    with span("reshard.load"):
+        load_state(state, copy.path, no_dist=True, verify_with=copy.verify_fs, threads=threads)
     made = not dst.exists()
     out = CheckpointStore(dst, create=True)
     writer, fs = copy.writer(out.begin_staging(step))
     try:
-        with fs.writers_settled():
+        with span("reshard.write"), fs.writers_settled():
             write_layout(flatten_loaded(state, copy.metadata), copy.metadata.planner_data or {}, world, writer)
         run_id = copy.manifest.run_id
-        entries = [e for rank in range(world) for e in staged_entries(out, step, run_id, fs, rank, copy.rank_json(rank))]
-        commit_entries(out, Comm(), step, entries, copy.make_manifest)
+        with span("reshard.commit"):
+            entries = [e for rank in range(world) for e in staged_entries(out, step, run_id, fs, rank, copy.rank_json(rank))]
+            commit_entries(out, Comm(), step, entries, copy.make_manifest)
     except BaseException as exc:
         out.discard_staging(step)
         if made:

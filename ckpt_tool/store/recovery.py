@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.recovery import Checked, Intent, MoveLatest, Quarantine, RecoveryPlan, Remove, StoreView, plan
+from ckpt_tool.timing import span
 
 if TYPE_CHECKING:
     from ckpt_tool.store.store import CheckpointStore
@@ -53,14 +54,15 @@ def carry_out(store: CheckpointStore, decided: RecoveryPlan, locked: bool = Fals
     if not locked:
         with store.changing():
             return carry_out(store, decided, locked=True)
-    for action in decided.actions:
-        if isinstance(action, Remove):
-            shutil.rmtree(store.root / action.name, ignore_errors=True)
-            store.append_event("cleanup", name=action.name, reason=f"{action.kind} directory left by a crash")
-        elif isinstance(action, Quarantine):
-            store._move_to_quarantine(action.step, action.reason)
-        elif isinstance(action, MoveLatest):
-            _move_latest(store, action)
+    with span("recovery.carry_out"):
+        for action in decided.actions:
+            if isinstance(action, Remove):
+                shutil.rmtree(store.root / action.name, ignore_errors=True)
+                store.append_event("cleanup", name=action.name, reason=f"{action.kind} directory left by a crash")
+            elif isinstance(action, Quarantine):
+                store._move_to_quarantine(action.step, action.reason)
+            elif isinstance(action, MoveLatest):
+                _move_latest(store, action)
     return decided.lines
 
 

@@ -34,6 +34,7 @@ from ckpt_tool.store.inspection import InspectionMixin
 from ckpt_tool.store.locks import LOCK_TIMEOUT_S, DirectoryLock
 from ckpt_tool.store.maintenance import MaintenanceMixin
 from ckpt_tool.store.ownership import OwnershipMixin
+from ckpt_tool.timing import span
 
 log = logging.getLogger("ckpt_tool")
 MAX_MANIFEST_BYTES = 64 << 20
@@ -166,32 +167,33 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
 
     # ----------------------------------------------------------------- reading checkpoints
     def read_manifest(self, step: int) -> Manifest:
-        path = self.step_path(step) / layout.MANIFEST_NAME
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_MANIFEST_BYTES + 1)
-        except FileNotFoundError:
-            if not self.step_path(step).is_dir():
-                raise self.no_such_step(step) from None
-            raise CkptError(
-                f"{path} is missing: step {step} was never committed or is damaged",
-                "run `ckpt validate` and `ckpt rollback` to move to a complete checkpoint",
-                ExitCode.FAILED,
-            ) from None
-        except PermissionError:
-            raise self.permission_denied(path) from None
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise CkptError(
-                f"{path} is larger than {MAX_MANIFEST_BYTES} bytes",
-                "the manifest is damaged or hostile: quarantine it with `ckpt rollback`",
-            )
-        manifest = Manifest.from_json(raw, where=str(path))
-        if manifest.step != step:
-            raise CkptError(
-                f"{path} describes step {manifest.step}, not {step}: the manifest was copied from another checkpoint",
-                "run `ckpt rollback` to move to a consistent checkpoint",
-            )
-        return manifest
+        with span("store.read_manifest"):
+            path = self.step_path(step) / layout.MANIFEST_NAME
+            try:
+                with open(path, "rb") as f:
+                    raw = f.read(MAX_MANIFEST_BYTES + 1)
+            except FileNotFoundError:
+                if not self.step_path(step).is_dir():
+                    raise self.no_such_step(step) from None
+                raise CkptError(
+                    f"{path} is missing: step {step} was never committed or is damaged",
+                    "run `ckpt validate` and `ckpt rollback` to move to a complete checkpoint",
+                    ExitCode.FAILED,
+                ) from None
+            except PermissionError:
+                raise self.permission_denied(path) from None
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise CkptError(
+                    f"{path} is larger than {MAX_MANIFEST_BYTES} bytes",
+                    "the manifest is damaged or hostile: quarantine it with `ckpt rollback`",
+                )
+            manifest = Manifest.from_json(raw, where=str(path))
+            if manifest.step != step:
+                raise CkptError(
+                    f"{path} describes step {manifest.step}, not {step}: the manifest was copied from another checkpoint",
+                    "run `ckpt rollback` to move to a consistent checkpoint",
+                )
+            return manifest
 
     def no_such_step(self, step: int) -> CkptError:
         """A step that has no directory here (never saved, deleted by retention, or quarantined)."""
@@ -265,7 +267,8 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             else:
                 problems.append(Problem(name, "read error", "readable", exc.strerror or str(exc)))
 
-        digests = hash_files(self.step_path(step), [f.path for f in to_hash], manifest.run_id, step, threads, on_bytes, on_error)
+        with span("store.hash_files"):
+            digests = hash_files(self.step_path(step), [f.path for f in to_hash], manifest.run_id, step, threads, on_bytes, on_error)
         problems += hash_problems(manifest.files, {d.name: d.hash for d in digests})
         return ValidationResult(step, tuple(problems), manifest, tuple(sorted(unreadable)))
 
@@ -323,17 +326,18 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         complete checkpoint.
         """
         partial = self.partial_path(step)
-        atomic_write(partial / layout.MANIFEST_NAME, manifest.to_json().encode())
-        target = self.step_path(step)
-        with self.changing():
-            if target.exists():
-                # A directory of the same step that LATEST never named: left by a crash between
-                # rename and pointer move, or a run that went further before a rollback.
-                self._move_to_quarantine(step, "superseded by a new save of the same step")
-            os.rename(partial, target)
-            fsync_dir(self.root)
-            self._write_latest(step)
-            self.append_event("commit", **commit_summary(manifest))
+        with span("store.commit"):
+            atomic_write(partial / layout.MANIFEST_NAME, manifest.to_json().encode())
+            target = self.step_path(step)
+            with self.changing():
+                if target.exists():
+                    # A directory of the same step that LATEST never named: left by a crash between
+                    # rename and pointer move, or a run that went further before a rollback.
+                    self._move_to_quarantine(step, "superseded by a new save of the same step")
+                os.rename(partial, target)
+                fsync_dir(self.root)
+                self._write_latest(step)
+                self.append_event("commit", **commit_summary(manifest))
         return target
 
     def rewrite_manifest(self, step: int, manifest: Manifest, event: str, **data: object) -> None:

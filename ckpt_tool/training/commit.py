@@ -21,6 +21,7 @@ from ckpt_tool.errors import CkptError
 from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.timing import span
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 
@@ -64,7 +65,8 @@ def written_entries(
     }
     names = sorted(n for n in os.listdir(directory) if mine(n) or n == state_name)
     unhashed = [n for n in names if n not in digests]  # not written through DCP's stream: read back
-    digests.update({d.name: d for d in hash_files(directory, unhashed, run_id, step)})
+    with span("save.hash_read_back"):
+        digests.update({d.name: d for d in hash_files(directory, unhashed, run_id, step)})
     return [FileEntry(n, digests[n].bytes, digests[n].hash, rank) for n in names]
 
 

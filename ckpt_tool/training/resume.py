@@ -26,6 +26,7 @@ from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store import recovery
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.timing import span
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.hashing_fs import HashingFileSystem
@@ -70,9 +71,11 @@ class Resumption:
 
     def run(self) -> Resumed | None:
         """The resumed checkpoint, or None on a fresh start (no checkpoint at all)."""
-        for action in self.comm.on_coordinator(
-            lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(self.store, s).ok)
-        ):
+        with span("resume.crash_cleanup"):
+            actions = self.comm.on_coordinator(
+                lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(self.store, s).ok)
+            )
+        for action in actions:
             log.warning("ckpt: %s", action)
         for _ in range(self.config.max_fallbacks + 1):
             candidate = self.comm.on_coordinator(self._candidate)
@@ -134,7 +137,8 @@ class Resumption:
             return []
 
         def check() -> list[str]:
-            result = validate_checkpoint(self.store, step, hashes=False)
+            with span("resume.structure_check"):
+                result = validate_checkpoint(self.store, step, hashes=False)
             if result.unreadable and not result.problems:
                 raise self.store.permission_denied(self.store.step_path(step) / result.unreadable[0])
             return [str(p) for p in result.problems]
@@ -190,14 +194,15 @@ class Resumption:
         rank_state: dict[str, Any] = {}
         try:
             dcp_state = {"model": live.model_sd} if manifest.adopted else {"model": live.model_sd, "optim": live.optim_sd}
-            unused = load_state(
-                dcp_state,
-                path,
-                process_group=self.comm.group,
-                no_dist=not self.comm.distributed,
-                verify_with=verify_fs,
-                threads=self.config.io_threads,
-            )
+            with span("resume.load"):
+                unused = load_state(
+                    dcp_state,
+                    path,
+                    process_group=self.comm.group,
+                    no_dist=not self.comm.distributed,
+                    verify_with=verify_fs,
+                    threads=self.config.io_threads,
+                )
             not_loaded = [k for k in unused if k.split(".", 1)[0] in dcp_state]  # the probe batch is verify's
             self._model_differs = any(k.startswith("model.") for k in not_loaded)
             if not_loaded and self.comm.is_coordinator:

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from ckpt_tool.core.fit import fit_problems
 from ckpt_tool.errors import CkptError, ExitCode, MisfitError
+from ckpt_tool.timing import span
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 
 _ALLOWED: dict[str, frozenset[str]] = {
@@ -176,7 +177,7 @@ def load_state(
     else:
         reader = SafeFileSystemReader(path)
     try:
-        with single_process_quietly():
+        with span("load.dcp"), single_process_quietly():
             planner = SafeLoadPlanner()
             dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group, no_dist=no_dist)
     except CheckpointException as exc:

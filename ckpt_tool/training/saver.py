@@ -28,6 +28,7 @@ from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.timing import span
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_staged
@@ -109,7 +110,7 @@ class Saver:
         commit_args = (fs, step, rank_json, probe, time.time(), self.env())
         if self.config.async_save:
             try:
-                with single_process_quietly():
+                with span("save.async_start"), single_process_quietly():
                     response = dcp.async_save(
                         dcp_state,
                         storage_writer=writer,
@@ -124,7 +125,7 @@ class Saver:
             self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
         else:
             try:
-                with fs.writers_settled(), single_process_quietly():
+                with span("save.write"), fs.writers_settled(), single_process_quietly():
                     dcp.save(dcp_state, storage_writer=writer, process_group=self.comm.group, no_dist=not self.comm.distributed)
             except (CheckpointException, OSError) as exc:
                 self.handle_error(self._failed(step, exc))
@@ -192,7 +193,7 @@ class Saver:
         """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
         if upload is not None:
             try:
-                with fs.writers_settled():
+                with span("save.upload_wait"), fs.writers_settled():
                     upload.result()
             except (CheckpointException, OSError) as exc:
                 raise self._failed(step, exc) from None
@@ -208,7 +209,8 @@ class Saver:
             return manifest
 
         try:
-            commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
+            with span("save.commit"):
+                commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
         except (CkptError, OSError) as exc:
             raise self._failed(step, exc) from None
         self.committed_step = step

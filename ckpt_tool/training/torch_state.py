@@ -25,6 +25,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimize
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from ckpt_tool.timing import span
+
 log = logging.getLogger("ckpt_tool")
 
 
@@ -47,22 +49,25 @@ class LiveState:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
-        self.model_sd, self.optim_sd = get_state_dict(model, optimizer)
+        with span("state_dict.get"):
+            self.model_sd, self.optim_sd = get_state_dict(model, optimizer)
         self._targets = dict(self.model_sd)  # what DCP is asked to fill in place
 
     def set_loaded(self) -> None:
         """Make what DCP loaded into ``model_sd``/``optim_sd`` the model's and optimizer's state."""
-        if model_filled_in_place(self.model, self.model_sd, self._targets):
-            set_optimizer_state_dict(self.model, self.optimizer, self.optim_sd)
-        else:
-            set_state_dict(self.model, self.optimizer, model_state_dict=self.model_sd, optim_state_dict=self.optim_sd)
+        with span("state_dict.set"):
+            if model_filled_in_place(self.model, self.model_sd, self._targets):
+                set_optimizer_state_dict(self.model, self.optimizer, self.optim_sd)
+            else:
+                set_state_dict(self.model, self.optimizer, model_state_dict=self.model_sd, optim_state_dict=self.optim_sd)
 
 
 @contextmanager
 def live_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[LiveState]:
     """The state dicts to save from or load into (``LiveState.set_loaded`` after a load),
     with an optimizer that has no state yet built without a copy of the model in memory."""
-    given = build_optimizer_state(optimizer)
+    with span("state_dict.build_optimizer"):
+        given = build_optimizer_state(optimizer)
     try:
         yield LiveState(model, optimizer)
     finally:

@@ -13,6 +13,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import Problem, mesh_checks
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.store import CheckpointStore, ValidationResult
+from ckpt_tool.timing import span
 from ckpt_tool.training.safe_dcp import load_metadata_safely
 
 
@@ -34,7 +35,8 @@ def validate_checkpoint(
     extra: list[Problem] = []
     try:
         with open(store.step_path(step) / layout.DCP_METADATA_NAME, "rb") as f:
-            metadata = load_metadata_safely(f)
+            with span("validate.dcp_metadata"):
+                metadata = load_metadata_safely(f)
         referenced = {info.relative_path for info in (metadata.storage_data or {}).values()}
         extra = [
             Problem(name, "referenced by the DCP metadata but not in the manifest", "listed", "absent")

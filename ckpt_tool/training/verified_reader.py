@@ -38,6 +38,7 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from ckpt_tool.core.tensor_record import TensorRecord, parse_tensor_pickle
+from ckpt_tool.timing import span
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 from ckpt_tool.training.safe_dcp import SafeFileSystemReader
 
@@ -221,7 +222,8 @@ class StreamingVerifiedReader(SafeFileSystemReader):
             seen: list[tuple[int, bytes]] = []
             sinks: list[_Tensor | _Direct | _Buffered] = [self._sink(fd, req, resolve, seen) for req in reqs]
             checks = [_Check(start, data) for start, data in seen]
-            digest, nread = self._stream(fd, size, sorted([*sinks, *checks], key=lambda s: s.start), path)
+            with span("load.read_file"):
+                digest, nread = self._stream(fd, size, sorted([*sinks, *checks], key=lambda s: s.start), path)
         finally:
             os.close(fd)
         self.verify_with.check(path, entry, nread, digest)
