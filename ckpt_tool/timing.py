@@ -30,6 +30,11 @@ save.write                  a sync save's ``dcp.save``: the files written throug
 save.async_start            an async save's ``dcp.async_save`` call, until it returns (the
                             staging copy has started)
 save.upload_wait            an async save's background thread waiting for DCP's upload
+save.staging_wait           waiting for an async save's copy to CPU memory to finish (the
+                            optimizer step's pre-hook, and ``save.wait``); nearly nothing when
+                            no save is staging
+save.wait                   waiting for the save in flight (staging, write, commit) to finish:
+                            at the start of every save (at most one in flight), and at close
 save.fsync                  fsync of one file DCP wrote (thread-seconds, in DCP's writer
                             threads; inside ``save.write`` or the upload)
 save.hash_read_back         hashing the staged files that were not hashed as written (read back)
@@ -88,6 +93,8 @@ SPANS: MappingProxyType[str, str] = MappingProxyType(
         "save.write": "a sync save's dcp.save: files written, hashed as written, fsynced",
         "save.async_start": "an async save's dcp.async_save call, until it returns",
         "save.upload_wait": "an async save's background thread waiting for DCP's upload",
+        "save.staging_wait": "waiting for an async save's copy to CPU memory to finish",
+        "save.wait": "waiting for the save in flight (staging, write, commit) to finish",
         "save.fsync": "fsync of one file DCP wrote (thread-seconds)",
         "save.hash_read_back": "hashing the staged files that were not hashed as written",
         "save.commit": "the distributed commit: per-rank JSON, hashes gathered, manifest, store commit, retention",

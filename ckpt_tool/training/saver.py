@@ -291,19 +291,21 @@ class Saver:
 
     # ------------------------------------------------------------------ waiting and shutdown
     def wait_for_staging(self) -> None:
-        staging, self._staging = self._staging, None
-        if staging is not None:
-            staging.result()
+        with span("save.staging_wait"):
+            staging, self._staging = self._staging, None
+            if staging is not None:
+                staging.result()
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the in-flight save (staging and commit); re-raise its failure."""
-        self.wait_for_staging()
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            try:
-                inflight.result(timeout=timeout)
-            except CkptError as exc:
-                self.handle_error(exc)
+        with span("save.wait"):
+            self.wait_for_staging()
+            inflight, self._inflight = self._inflight, None
+            if inflight is not None:
+                try:
+                    inflight.result(timeout=timeout)
+                except CkptError as exc:
+                    self.handle_error(exc)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False)

@@ -164,3 +164,12 @@ def test_the_docstring_table_lists_the_spans_in_order():
     table = re.findall(r"^([a-z_]+\.[a-z_]+)\s{2,}\S", timing.__doc__ or "", flags=re.MULTILINE)
     assert table == list(SPANS)
     assert all(description for description in SPANS.values())
+
+
+def test_the_hook_imports_nothing_but_the_standard_library():
+    """Every layer imports it (the store too, which must stay light): it may import nothing of
+    the package and no third-party module."""
+    tree = ast.parse((PACKAGE / "timing.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= {"__future__", "logging", "threading", "time", "collections", "contextlib", "types"}, imported
