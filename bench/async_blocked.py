@@ -7,12 +7,13 @@ measures the compute rate), then ``optimizer.step()``; every ``--every`` steps i
 ``CheckpointManager(async_save=True).save(step)``.
 
 Blocked time of one save = seconds inside ``save()`` + seconds the manager's optimizer step
-pre-hook waits for staging at the next ``optimizer.step()``. The wait is timed by wrapping the
-manager's ``wait_for_staging`` (only calls made from inside ``optimizer.step()`` count). As a
-cross-check, the extra duration of that ``optimizer.step()`` over the median step without a
+pre-hook waits for staging at the next ``optimizer.step()``. The waits are the package's timing
+spans (``ckpt_tool.timing``): the pre-hook's wait is the ``save.staging_wait`` span ended inside
+``optimizer.step()``; the time from ``save()`` to the commit ends with the ``store.commit`` span.
+As a cross-check, the extra duration of that ``optimizer.step()`` over the median step without a
 pending save is reported too. Inside ``save()``, the time spent waiting for the previous save
-to finish (``wait()``) is shown separately: a save interval shorter than the background write
-shows up there.
+to finish (the ``save.wait`` span) is shown separately: a save interval shorter than the
+background write shows up there.
 
 The first async save allocates the staging buffer (fresh memory, slow first touch): it is
 reported on its own row; the target applies to the following saves. Reference: sync saves
@@ -27,7 +28,9 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,34 +70,40 @@ def make_compute(seconds: float) -> Callable[[], int]:
     return compute
 
 
-def instrument(mgr: Any, rec: LoopRecord, current: dict[str, Any]) -> None:
-    """Wrap the manager's staging wait (the optimizer hook calls it), the saver's wait for the
-    previous save and the store's commit (instance attributes, looked up per call)."""
-    wait_for_staging, wait, commit = mgr.wait_for_staging, mgr.saver.wait, mgr.store.commit
+@contextmanager
+def instrument(rec: LoopRecord, current: dict[str, Any]) -> Iterator[None]:
+    """Listen to the package's spans (``ckpt_tool.timing``): the staging wait of the optimizer's
+    pre-hook, the saver's wait for the previous save, the end of each commit (commits come in
+    the order of the saves: at most one is in flight)."""
+    from ckpt_tool import timing
 
-    def timed_wait_for_staging() -> None:
-        seconds, _ = common.timed(wait_for_staging)
-        if current["in_optimizer_step"] and current["pending_save"] is not None:
+    timing.check_names(["save.staging_wait", "save.wait", "store.commit"])
+    uncommitted: deque[int] = current["uncommitted"]
+
+    def heard(name: str, seconds: float, thread: str) -> None:
+        if name == "save.staging_wait" and current["in_optimizer_step"] and current["pending_save"] is not None:
             rec.hook_wait[current["pending_save"]] = seconds
             current["pending_save"] = None
-
-    def timed_wait(*args: Any, **kwargs: Any) -> None:
-        seconds, _ = common.timed(lambda: wait(*args, **kwargs))
-        if current["in_save"] is not None:
+        elif name == "save.wait" and current["in_save"] is not None:
             rec.wait_previous[current["in_save"]] = seconds
+        elif name == "store.commit" and uncommitted:
+            step = uncommitted.popleft()
+            rec.save_window[step] = (rec.save_window[step][0], time.perf_counter())
 
-    def timed_commit(step: int, *args: Any, **kwargs: Any) -> Any:
-        committed = commit(step, *args, **kwargs)
-        rec.save_window[step] = (rec.save_window[step][0], time.perf_counter())
-        return committed
-
-    mgr.wait_for_staging, mgr.saver.wait, mgr.store.commit = timed_wait_for_staging, timed_wait, timed_commit
+    with timing.listen(heard):
+        yield
 
 
 def training_loop(mgr: Any, optimizer: Any, compute: Callable[[], int], steps: int, every: int) -> LoopRecord:
     rec = LoopRecord()
-    current: dict[str, Any] = {"in_optimizer_step": False, "pending_save": None, "in_save": None}
-    instrument(mgr, rec, current)
+    current: dict[str, Any] = {"in_optimizer_step": False, "pending_save": None, "in_save": None, "uncommitted": deque()}
+    with instrument(rec, current):
+        loop(mgr, optimizer, compute, steps, every, rec, current)
+        mgr.wait()
+    return rec
+
+
+def loop(mgr: Any, optimizer: Any, compute: Callable[[], int], steps: int, every: int, rec: LoopRecord, current: dict[str, Any]) -> None:
     for step in range(1, steps + 1):
         start = time.perf_counter()
         done = compute()
@@ -105,12 +114,11 @@ def training_loop(mgr: Any, optimizer: Any, compute: Callable[[], int], steps: i
         if step % every == 0:
             current["in_save"] = step
             rec.save_window[step] = (time.perf_counter(), float("nan"))
+            current["uncommitted"].append(step)
             rec.save_call[step], _ = common.timed(lambda step=step: mgr.save(step))
             current["in_save"], current["pending_save"] = None, step
         if step % every == 1 and step > every:
             common.log(f"step {step}: save of step {step - 1} blocked {rec.save_call[step - 1] + rec.hook_wait.get(step - 1, 0):.3f} s")
-    mgr.wait()
-    return rec
 
 
 def sync_save_times(work: Path, model: Any, optimizer: Any, reps: int) -> list[float]:

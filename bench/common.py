@@ -1,8 +1,9 @@
 """Helpers shared by the checkpoint benchmarks (one script per figure in this directory).
 
 Model construction, the raw I/O references (write + fsync, sequential read), page-cache
-eviction, timing statistics, wrapping functions to time phases, and the result format: every
-script prints one JSON object on the last line of stdout, which ``run_all.py`` collects.
+eviction, timing statistics, phases from the package's timing spans (``ckpt_tool.timing``, the
+one seam a figure times the package through), and the result format: every script prints one
+JSON object on the last line of stdout, which ``run_all.py`` collects.
 
 GB = 1e9 bytes throughout.
 """
@@ -19,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -300,37 +300,38 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 class PhaseTimer:
-    """Seconds spent inside chosen functions, found by wrapping them where the caller looks them up.
+    """Thread-seconds per phase of a figure, from the package's documented timing spans
+    (``ckpt_tool.timing``: no patching of the package). ``phases`` maps each phase label shown in
+    BENCHMARKS.md to the span names it adds up; a span name that no longer exists fails at once
+    (``ValueError`` from ``timing.record``). Spans from several threads add up (thread-seconds).
 
-    Calls from several threads add up (thread-seconds). ``take()`` returns and clears the totals.
+    ``with timer.listening():`` turns it on; ``take()`` returns the phases that ran since the last
+    ``take()`` (a phase none of whose spans ran is absent) and starts again from zero.
     """
 
-    def __init__(self) -> None:
-        self._totals: dict[str, float] = defaultdict(float)
-        self._lock = threading.Lock()
+    def __init__(self, phases: dict[str, tuple[str, ...]]) -> None:
+        from ckpt_tool import timing
+
+        self.phases = phases
+        self._timing = timing
+        timing.check_names([name for names in phases.values() for name in names])
+        self._totals: Any = None
 
     @contextmanager
-    def wrap(self, owner: Any, attr: str, label: str) -> Iterator[None]:
-        original = getattr(owner, attr)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+    def listening(self) -> Iterator[None]:
+        names = sorted({name for names in self.phases.values() for name in names})
+        with self._timing.record(*names) as totals:
+            self._totals = totals
             try:
-                return original(*args, **kwargs)
+                yield
             finally:
-                with self._lock:
-                    self._totals[label] += time.perf_counter() - start
-
-        setattr(owner, attr, wrapper)
-        try:
-            yield
-        finally:
-            setattr(owner, attr, original)
+                self._totals = None
 
     def take(self) -> dict[str, float]:
-        with self._lock:
-            totals, self._totals = dict(self._totals), defaultdict(float)
-        return totals
+        if self._totals is None:
+            raise RuntimeError("PhaseTimer.take() outside listening()")
+        spans = self._totals.take()
+        return {label: sum(spans[n] for n in names if n in spans) for label, names in self.phases.items() if any(n in spans for n in names)}
 
 
 def rotated_repetitions(

@@ -33,8 +33,10 @@ and ``ckpt reshard SRC --world-size 2 --out DST`` lays the same state out for 2 
 ``CheckpointManager`` (same batch config, validate_on_resume=True) resumes from each, into a
 model whose parameters were zeroed, timing ``resume()``; the loaded parameters must equal the
 saved ones. Both directories' files are read once before each run (warm cache for both). The phases
-(structure check, state-dict calls, DCP load with hash check) are timed by wrapping those
-functions where the manager calls them. Ratio: 2-rank layout / 1-rank layout, for information.
+are the package's timing spans (``ckpt_tool.timing``, ``LOAD_PHASES`` below): structure_check =
+``resume.structure_check``, the state-dict calls = ``state_dict.*``, dcp_load_hash_checked =
+``resume.load`` (DCP load with every file hash-checked as read). Ratio: 2-rank layout / 1-rank
+layout, for information.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ from common import GB, PhaseTimer, Result, Row, Stats
 TARGET = 1.5  # whole command / DCP load + save in one process (#15)
 STEP = 1
 RCHAR_TARGET = 1.2  # bytes read per source byte by the one-process copy (~1, #15)
+LOAD_PHASES = {  # phase label (BENCHMARKS.md) -> the ckpt_tool.timing spans it adds up
+    "structure_check": ("resume.structure_check",),
+    "build_optimizer_state": ("state_dict.build_optimizer",),
+    "get_state_dict": ("state_dict.get",),
+    "dcp_load_hash_checked": ("resume.load",),
+    "set_state_dict": ("state_dict.set",),
+}
 
 
 def new_manager(directory: Path, model: Any, optimizer: Any) -> Any:
@@ -179,9 +188,7 @@ def measure_offline(work: Path, state_bytes: float, reps: int) -> dict[str, Any]
 def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     import torch
 
-    import ckpt_tool.training.resume as resume_module
     from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.training import torch_state
 
     one = work / "world1"
     saved, _ = save_with_batch(one, state_bytes, seed=3)
@@ -193,7 +200,7 @@ def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     files = {k: common.files_under(CheckpointStore(d).step_path(STEP)) for k, d in dirs.items()}
     nbytes = {k: sum(p.stat().st_size for p in v) for k, v in files.items()}
     target = common.build_model(state_bytes, seed=4)
-    phases = PhaseTimer()
+    phases = PhaseTimer(LOAD_PHASES)
     times: dict[str, list[float]] = {k: [] for k in dirs}
     splits: dict[str, list[dict[str, float]]] = {k: [] for k in dirs}
     batches: dict[str, Any] = {}
@@ -217,13 +224,7 @@ def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
             assert torch.equal(mine, ref), f"{name}: resumed parameters differ from the saved ones"
         return seconds, split
 
-    with (
-        phases.wrap(resume_module, "validate_checkpoint", "structure_check"),
-        phases.wrap(torch_state, "build_optimizer_state", "build_optimizer_state"),
-        phases.wrap(torch_state, "get_state_dict", "get_state_dict"),
-        phases.wrap(resume_module, "load_state", "dcp_load_hash_checked"),
-        phases.wrap(torch_state.LiveState, "set_loaded", "set_state_dict"),
-    ):
+    with phases.listening():
         resume("world1"), resume("world2")  # warm-up: first-call costs
         order = list(dirs)
         for rep in range(reps):

@@ -17,14 +17,17 @@ rotated between repetitions so drift on this shared machine hits every variant a
 Retention is off and the previous checkpoint is deleted between runs, outside the timing; dirty
 pages are flushed before each run. Each manager saves once untimed first (first-call costs).
 Throughput = state bytes / seconds; the ratio is the median over repetitions of (raw seconds /
-save seconds) within one repetition, robust to the drift of this machine's disk. The phases of a save (DCP save, hashing, commit) are timed by
-wrapping those functions where the manager calls them; "fsync" is thread-seconds in os.fsync.
+save seconds) within one repetition, robust to the drift of this machine's disk. The phases of a
+save are the package's timing spans (``ckpt_tool.timing``, ``PHASES`` below): get_state_dict =
+``state_dict.build_optimizer`` + ``state_dict.get``; DCP save = ``save.write``; hash_files pass =
+``save.hash_read_back``; commit = ``store.commit``; "in os.fsync" = ``save.fsync``, thread-seconds
+in the fsync of each file DCP wrote (since #31 the commit's own fsyncs of the manifest, rank JSON,
+LATEST, index and directories, a few ms, are no longer in it: they are in commit and other).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import statistics
 from pathlib import Path
@@ -36,6 +39,13 @@ from common import GB, PhaseTimer, Result, Row, Stats
 IO_THREADS = (1, 2, 4)
 DEFAULT_IO_THREADS = 4  # ckpt_tool.training.config.DEFAULT_IO_THREADS (checked in measure())
 NO_GRADS = "no_grads"  # the default io_threads, saving with param.grad None
+PHASES = {  # phase label (BENCHMARKS.md) -> the ckpt_tool.timing spans it adds up
+    "get_state_dict": ("state_dict.build_optimizer", "state_dict.get"),
+    "dcp_save": ("save.write",),
+    "hash": ("save.hash_read_back",),
+    "commit": ("store.commit",),
+    "fsync_thread_s": ("save.fsync",),
+}
 TARGET = 0.9  # #15: the median of per-repetition ratios (each save against the raw write next to it)
 
 
@@ -55,26 +65,7 @@ def timed_raw_write(path: Path, views: list[memoryview]) -> float:
     return seconds
 
 
-def hash_files_owner() -> Any:
-    """The module the save path calls ``hash_files`` through (the commit protocol moved it out of
-    the manager into ``ckpt_tool.training.commit``)."""
-    import importlib
-
-    for name in ("ckpt_tool.training.commit", "ckpt_tool.training.saver"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "hash_files"):
-            return module
-    raise RuntimeError("no module of the save path imports hash_files")
-
-
 def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
-    import torch.distributed.checkpoint as dcp
-
-    from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.training import torch_state
     from ckpt_tool.training.config import DEFAULT_IO_THREADS as CONFIGURED
 
     assert CONFIGURED == DEFAULT_IO_THREADS, f"the configured default is {CONFIGURED}: update this benchmark"
@@ -85,18 +76,11 @@ def measure(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
     views = common.param_views(model)
     managers: dict[Any, Any] = {n: common.manager(work / f"io{n}", model, optimizer, io_threads=n) for n in IO_THREADS}
     managers[NO_GRADS] = common.manager(work / NO_GRADS, model, optimizer, io_threads=DEFAULT_IO_THREADS)
-    phases = PhaseTimer()
+    phases = PhaseTimer(PHASES)
     variants = ["raw", *managers]
     times: dict[Any, list[float]] = {v: [] for v in variants}
     breakdown: dict[Any, list[dict[str, float]]] = {n: [] for n in managers}
-    with (
-        phases.wrap(dcp, "save", "dcp_save"),
-        phases.wrap(hash_files_owner(), "hash_files", "hash"),
-        phases.wrap(CheckpointStore, "commit", "commit"),
-        phases.wrap(os, "fsync", "fsync_thread_s"),
-        phases.wrap(torch_state, "build_optimizer_state", "get_state_dict"),
-        phases.wrap(torch_state, "get_state_dict", "get_state_dict"),
-    ):
+    with phases.listening():
         for n, mgr in managers.items():
             common.log(f"warm-up save, {n}")
             timed_save(mgr, 0, phases, grads=n != NO_GRADS)

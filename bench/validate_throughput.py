@@ -13,8 +13,10 @@ repetitions:
   threads=4)`` (what ``ckpt validate`` calls: manifest, structure, xxh3 of every file in 4
   threads, DCP metadata readable), same eviction. The result must be ``ok``.
 
-Throughput = bytes of the step directory's files / seconds. The phases of validate_checkpoint (hashing,
-DCP metadata) are timed by wrapping the functions it calls. Eviction: fsync +
+Throughput = bytes of the step directory's files / seconds. The phases of validate_checkpoint are
+the package's timing spans (``ckpt_tool.timing``, ``PHASES`` below): hash_files =
+``store.hash_files``, dcp_metadata = ``validate.dcp_metadata``, manifest = ``store.read_manifest``.
+Eviction: fsync +
 ``POSIX_FADV_DONTNEED`` per file, then ``drop_caches=3`` when allowed (root), checked with
 ``fincore``. Target: validate cold >= 0.8 x raw read cold (one thread, as figure 3's reference).
 
@@ -53,6 +55,11 @@ THREADS = 4
 STEP = 1
 IMPORTS = "import ckpt_tool.cli.main, ckpt_tool.training.validation"
 VARIANTS = ("raw_cold", "validate_cold", "raw_warm", "validate_warm", "raw4_cold")
+PHASES = {  # phase label (BENCHMARKS.md) -> the ckpt_tool.timing spans it adds up
+    "hash_files": ("store.hash_files",),
+    "dcp_metadata": ("validate.dcp_metadata",),
+    "manifest": ("store.read_manifest",),
+}
 
 
 class Runner:
@@ -63,7 +70,7 @@ class Runner:
         self.files = common.files_under(step_dir)
         self.nbytes = sum(p.stat().st_size for p in self.files)
         self.store = CheckpointStore(directory)
-        self.phases = PhaseTimer()
+        self.phases = PhaseTimer(PHASES)
         self.eviction = ""
         self.resident: list[int] = []
         self.cli_eviction = ""
@@ -118,15 +125,7 @@ class Runner:
 def measure(
     runner: Runner, reps: int, cli_reps: int
 ) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]], dict[str, list[float]]]:
-    import ckpt_tool.store.store as store_module
-    import ckpt_tool.training.validation as validate_module
-
-    p = runner.phases
-    with (
-        p.wrap(store_module, "hash_files", "hash_files"),
-        p.wrap(validate_module, "load_metadata_safely", "dcp_metadata"),
-        p.wrap(store_module.CheckpointStore, "read_manifest", "manifest"),
-    ):
+    with runner.phases.listening():
         runner.run("validate_warm")  # warm-up: imports, first-call costs
         times, phases = common.rotated_repetitions(runner.run, VARIANTS, reps, runner.nbytes)
     cli: dict[str, list[float]] = {"validate": [], "imports": []}
