@@ -360,6 +360,12 @@ def median_run(times: Sequence[float], phases: Sequence[dict[str, float]]) -> tu
     return times[i], phases[i]
 
 
+def phase_note(label: str, total: float, split: dict[str, float]) -> str:
+    """``label: total s = phase s + ... + other s`` (other: the total less the phases shown)."""
+    parts = " + ".join(f"{k} {v:.3f} s" for k, v in split.items())
+    return f"{label}, {total:.3f} s = {parts} + other {total - sum(split.values()):.3f} s"
+
+
 def median_phases(samples: Sequence[dict[str, float]]) -> dict[str, float]:
     labels = sorted({k for s in samples for k in s})
     return {k: round(statistics.median(s.get(k, 0.0) for s in samples), 4) for k in labels}

@@ -165,11 +165,6 @@ def measure(work: Path, state_bytes: float, reps: int) -> tuple[Loader, dict[str
     return loader, times, phases
 
 
-def phase_note(variant: str, total: float, split: dict[str, float]) -> str:
-    parts = " + ".join(f"{k} {v:.3f} s" for k, v in split.items())
-    return f"{variant}: the median run, {total:.3f} s = {parts} + other {total - sum(split.values()):.3f} s"
-
-
 def report(loader: Loader, times: dict[str, list[float]], phases: dict[str, list[dict[str, float]]]) -> Result:
     gb = loader.nbytes / GB
     tput = {v: Stats.of(t).inverse(gb) for v, t in times.items()}
@@ -232,7 +227,7 @@ def report(loader: Loader, times: dict[str, list[float]], phases: dict[str, list
         f"the default (io_threads={DEFAULT_IO_THREADS}) is {tput['resume_cold'].median / tput[fastest].median:.2f} of it"
     )
     for variant in (v for v in VARIANTS if v.startswith("resume")):
-        result.notes.append(phase_note(variant, *common.median_run(times[variant], phases[variant])))
+        result.notes.append(common.phase_note(f"{variant}: the median run", *common.median_run(times[variant], phases[variant])))
     resident = max(loader.resident_after_evict) if loader.resident_after_evict else None
     result.notes.append(f"eviction: {loader.eviction}; at most {resident} bytes of the files still cached after eviction (fincore)")
     result.details = {

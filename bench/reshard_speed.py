@@ -238,11 +238,6 @@ def measure_load(work: Path, state_bytes: float, reps: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- report
-def phase_text(split: dict[str, float], total: float) -> str:
-    parts = " + ".join(f"{k} {v:.3f} s" for k, v in split.items())
-    return f"{total:.3f} s = {parts} + other {total - sum(split.values()):.3f} s"
-
-
 def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
     gb = a["bytes"] / GB
     result = Result("10", f"Resharding: offline `ckpt reshard --out` ({gb:.2f} GB) and resume from another world size (seconds)")
@@ -301,8 +296,9 @@ def report(a: dict[str, Any], b: dict[str, Any]) -> Result:
         "sync before each run"
     )
     for name, where in (("world1", "from the 1-rank layout"), ("world2", "from the 2-rank layout")):
-        total, split = common.median_run(b["times"][name], b["phases"][name])
-        result.notes.append(f"(b) resume() {where}, the median run: {phase_text(split, total)}")
+        result.notes.append(
+            common.phase_note(f"(b) resume() {where}, the median run", *common.median_run(b["times"][name], b["phases"][name]))
+        )
     paired_b = statistics.median(t / o for t, o in zip(b["times"]["world2"], b["times"]["world1"], strict=True))
     result.notes.append(
         f"(b) median of per-repetition ratios {paired_b:.3f}; files: {b['bytes']['world1'] / GB:.3f} GB (1 rank) vs "

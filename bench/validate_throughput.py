@@ -184,11 +184,6 @@ def memory(work: Path, big_dir: Path, small_bytes: float, runs: int) -> dict[str
 
 
 # ----------------------------------------------------------------------------- report
-def phase_note(variant: str, total: float, split: dict[str, float]) -> str:
-    parts = " + ".join(f"{k} {v:.3f} s" for k, v in split.items())
-    return f"{variant}: the median run, {total:.3f} s = {parts} + other {total - sum(split.values()):.3f} s"
-
-
 def report(
     runner: Runner,
     times: dict[str, list[float]],
@@ -256,7 +251,7 @@ def report(
         f"CLI: `python -c '{IMPORTS}'` alone (interpreter + torch + torch.distributed.checkpoint, which the DCP metadata check needs) takes {Stats.of(cli['imports']).fmt(2, 's')}"
     )
     for variant in ("validate_cold", "validate_warm"):
-        result.notes.append(phase_note(variant, *common.median_run(times[variant], phases[variant])))
+        result.notes.append(common.phase_note(f"{variant}: the median run", *common.median_run(times[variant], phases[variant])))
     resident = max(runner.resident) if runner.resident else None
     result.notes.append(
         f"eviction: {runner.eviction} (CLI runs: {runner.cli_eviction}); at most {resident} bytes of the files still cached after eviction (fincore)"
