@@ -39,7 +39,7 @@ def test_a_sync_save_emits_the_save_spans(tmp_path):
     assert expected <= set(seconds), f"missing: {expected - set(seconds)}"
     assert "save.async_start" not in seconds
     assert counts["save.fsync"] >= 2  # every file DCP wrote (data files and .metadata), each fsynced once
-    assert seconds["save.write"] >= seconds["store.commit"] > 0
+    assert seconds["save.write"] > 0 and seconds["store.commit"] > 0
 
 
 def test_an_async_save_emits_its_start_and_the_wait_for_the_upload(tmp_path):
