@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ckpt_tool"
 # lower number = lower layer; a module may import from its own layer or below
 LAYERS = {
     "errors": 0,
+    "timing": 0,  # the timing hook: standard library only, used by every layer
     "core": 1,
     "config": 1,  # ckpt.toml defaults
     "store": 2,
