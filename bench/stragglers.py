@@ -108,6 +108,10 @@ def end_to_end(work: Path, steps: int, runs: int) -> dict[str, list[dict[str, An
                 raise RuntimeError(f"{kind} run exited {rc}: {job.log_tail()}")
             rate, intervals = steps_per_s(job.tail.lines)
             ranks = read_rank_health(job.run_dir)
+            if kind == "on" and not ranks:  # ranks are scored once their window (5 s of steps) is full
+                raise RuntimeError(
+                    f"{steps} steps at {rate:.1f} steps/s filled no rank's 5 s window: no rank health to read; run more steps"
+                )
             out[kind].append({"steps_per_s": rate, "median_step_s": statistics.median(intervals), "ranks": ranks})
             common.log(f"(1b) run {i + 1}/{runs} timing {kind}: {rate:.2f} steps/s")
     return out
@@ -260,7 +264,7 @@ def main() -> None:
     with common.scratch_dir(args.work_dir, "stragglers") as work:
         m = micro(5 if args.quick else 20)
         common.log(f"(1a) rank side {statistics.median(m['rank_side_s']) * 1e6:.1f} us/step")
-        e2e = end_to_end(work, 60 if args.quick else 150, runs)
+        e2e = end_to_end(work, 120 if args.quick else 150, runs)  # quick: still > 5 s of steps at ~12 steps/s
         compute = statistics.median(r["compute_s"] for run in e2e["on"] for r in run["ranks"])
         trials: dict[float, list[dict[str, Any]]] = {}
         for factor in (1.5, 3.0):
