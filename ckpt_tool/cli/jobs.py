@@ -23,8 +23,6 @@ from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.core.timeouts import PHASES, TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode
 
-JsonOpt = JsonTextOpt  # the name `recover` declares its --json with
-
 
 def _parse_timeouts(values: list[str]) -> dict[str, float]:
     out = {}
@@ -180,14 +178,6 @@ def _check_rendezvous(nnodes: str, endpoint: str | None) -> None:
         )
 
 
-def _module_found(name: str) -> bool:
-    """Whether the ranks' Python, which runs ``-m`` from this directory, finds ``name``
-    (installed, editable too, or next to the user); no package's ``__init__`` is run."""
-    from ckpt_tool.slurm.submit import missing_module
-
-    return missing_module(name, Path.cwd(), run=False) is None
-
-
 def _check_importable(modules: list[str]) -> None:
     """A ``--warm-import`` typo is a usage error now, not a spare maker that dies at every start."""
     from ckpt_tool.slurm.submit import missing_module
@@ -326,7 +316,7 @@ def recover(
         "--full",
         help="Also hash every file here (reads the whole checkpoint on this node; the ranks hash their files as they load anyway).",
     ),
-    as_json: bool = JsonOpt,
+    as_json: bool = JsonTextOpt,
 ) -> None:
     """Once per (re)start, before training: check the newest checkpoint's structure, roll back if damaged, check the world size."""
     from ckpt_tool.ops.recover import recover as do_recover

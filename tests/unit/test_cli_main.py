@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -147,12 +148,15 @@ def test_a_mistyped_training_module_or_script_is_refused_before_anything_starts(
 
 
 def test_a_training_module_next_to_the_user_is_found_as_torchrun_will(tmp_path, monkeypatch):
-    from ckpt_tool.cli.jobs import _module_found
+    from ckpt_tool.slurm.submit import missing_module
+
+    def found(name: str) -> bool:  # as `ckpt run` asks: from the working directory, imported not run
+        return missing_module(name, Path.cwd(), run=False) is None
 
     (tmp_path / "mytrain.py").write_text("print('training')\n")
     monkeypatch.chdir(tmp_path)
-    assert _module_found("mytrain") and _module_found("ckpt_tool.recipes.tiny_gpt") and _module_found("json")
-    assert not _module_found("no_such_module_xyz") and not _module_found("not-a-name")
+    assert found("mytrain") and found("ckpt_tool.recipes.tiny_gpt") and found("json")
+    assert not found("no_such_module_xyz") and not found("not-a-name")
 
 
 def test_the_ranks_error_line_is_found_in_torchruns_output():
