@@ -6,6 +6,8 @@ can catch it and read ``.message``, ``.hint`` and ``.exit_code``.
 
 from __future__ import annotations
 
+import traceback
+
 
 class ExitCode:
     """Exit codes of the ``ckpt`` commands (documented in README.md)."""
@@ -28,6 +30,13 @@ class ExitCode:
 # Failures a restart cannot fix: the same command line, configuration or checkpoint would fail
 # again. `ckpt run` stops at once when a rank reports one (it does not restart it).
 RESTART_CANNOT_HELP = frozenset({ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.CONFLICT, ExitCode.SAVE_FAILED})
+
+
+def raised_at(exc: BaseException) -> str:
+    """``FILE line N`` of the innermost frame of ``exc``'s traceback (where the user's or our code
+    failed), or ``""`` when it has none."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename} line {frames[-1].lineno}" if frames else ""
 
 
 class CkptError(Exception):

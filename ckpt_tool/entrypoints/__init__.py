@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode, raised_at
 from ckpt_tool.store.durable import atomic_write
 
 # How to see a rank's traceback: the command's own process, one rank (the ranks' output is theirs).
@@ -32,8 +32,7 @@ def run_and_report(result_path: Path, body: Callable[[], dict[str, Any]]) -> int
         result, code = {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}, exc.exit_code
     except Exception as exc:  # noqa: BLE001 - a bug or the user's model code: reported with where it happened
         traceback.print_exc()  # for --debug readers of the ranks' output
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename} line {frames[-1].lineno}" if frames else ""
+        where = f" at {raised_at(exc)}" if raised_at(exc) else ""
         result = {
             "error": f"rank {rank} failed: {type(exc).__name__}: {exc}{where}",
             "hint": ONE_PROCESS_HINT,

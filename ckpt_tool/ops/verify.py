@@ -15,7 +15,6 @@ import importlib
 import inspect
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode, raised_at
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.probe import VerifyReport, check_loaded_model
 from ckpt_tool.training.safe_dcp import load_state
@@ -58,12 +57,6 @@ def require_intact_files(store: CheckpointStore, step: int) -> None:
         )
 
 
-def _where(exc: BaseException) -> str:
-    """`` (FILE line N)`` of the innermost frame of ``exc``'s traceback, or nothing."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return f" ({frames[-1].filename} line {frames[-1].lineno})" if frames else ""
-
-
 def load_entry_point(spec: str) -> Callable[..., Any]:
     """The function an entry point ``module:function`` names. The module is looked up as
     ``python -m`` would from the working directory: that directory first, then the environment."""
@@ -84,8 +77,9 @@ def load_entry_point(spec: str) -> Callable[..., Any]:
             ExitCode.USAGE,
         ) from None
     except Exception as exc:  # the module's own code failed at import (it is run, as python runs it)
+        where = f" ({raised_at(exc)})" if raised_at(exc) else ""
         raise CkptError(
-            f"entry point module {module_name!r} failed while it was imported: {type(exc).__name__}: {exc}{_where(exc)}",
+            f"entry point module {module_name!r} failed while it was imported: {type(exc).__name__}: {exc}{where}",
             "the entry point's module is imported, not run as a script: keep its training under `if __name__ == '__main__':`",
             ExitCode.USAGE,
         ) from exc
