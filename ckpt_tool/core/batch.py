@@ -9,6 +9,10 @@ from ckpt_tool.errors import CkptError, ExitCode
 
 @dataclass(frozen=True)
 class BatchConfig:
+    """How a global batch is split: ``micro_batch`` samples per rank per forward, ``grad_accum`` forwards
+    per optimizer step, over ``dp_size`` data-parallel ranks. Raises ``ValueError`` unless each is a
+    positive integer."""
+
     micro_batch: int
     grad_accum: int
     dp_size: int
@@ -21,6 +25,7 @@ class BatchConfig:
 
     @property
     def global_batch(self) -> int:
+        """Samples per optimizer step: ``micro_batch x grad_accum x dp_size``."""
         return self.micro_batch * self.grad_accum * self.dp_size
 
 
@@ -44,6 +49,8 @@ class BatchRequest:
         return batch
 
     def resolve(self, dp_size: int) -> BatchConfig:
+        """The split on ``dp_size`` data-parallel ranks (``resolve_batch``); raises its ``CkptError`` when
+        no split fits what was asked."""
         return resolve_batch(dp_size, self.micro_batch, self.grad_accum, self.global_batch)
 
 

@@ -33,6 +33,9 @@ def placement(shape: Sequence[int], chunks: Sequence[tuple[Sequence[int], Sequen
 
 @dataclass(frozen=True)
 class Quarantined:
+    """A checkpoint moved aside into ``quarantine/``: the directory's name there, its step, and when it was
+    moved (nanoseconds since the epoch, from the name's suffix)."""
+
     name: str  # the directory's name in quarantine/
     step: int
     moved_ns: int  # when it was moved there (the name's suffix)

@@ -43,6 +43,9 @@ SAFETENSORS_DTYPES = {
 
 @dataclass(frozen=True)
 class TensorEntry:
+    """One tensor of a checkpoint as its DCP metadata describes it (the whole tensor, not a shard);
+    ``itemsize`` in bytes."""
+
     key: str  # the DCP key in the checkpoint
     shape: tuple[int, ...]
     dtype: str  # torch dtype name, e.g. "float32"
@@ -50,6 +53,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
+        """The tensor's size in bytes: ``itemsize`` times every dimension."""
         n = self.itemsize
         for d in self.shape:
             n *= d
@@ -58,6 +62,8 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class ExportEntry:
+    """A tensor to export, and the name it gets in the exported file."""
+
     name: str  # the name in the exported file
     tensor: TensorEntry
 
@@ -92,6 +98,7 @@ def batches(entries: Sequence[ExportEntry], budget: int) -> list[list[ExportEntr
 
 
 def unsupported_dtypes(entries: Sequence[ExportEntry]) -> list[str]:
+    """``"name: dtype"`` for each entry safetensors cannot hold, sorted; empty when every dtype is supported."""
     return sorted({f"{e.name}: {e.tensor.dtype}" for e in entries if e.tensor.dtype not in SAFETENSORS_DTYPES})
 
 

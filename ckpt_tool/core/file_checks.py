@@ -13,6 +13,9 @@ from ckpt_tool.core.mesh import mesh_problems
 
 @dataclass(frozen=True)
 class Problem:
+    """One way a checkpoint file differs from its manifest: which file, what is wrong, and what was expected
+    and found (words for the user)."""
+
     file: str
     what: str
     expected: str
@@ -31,6 +34,9 @@ class DiskEntry:
 
 
 def structure_problems(files: tuple[FileEntry, ...], on_disk: Mapping[str, DiskEntry]) -> list[Problem]:
+    """What a listing of the directory shows without reading data: files missing, not regular (a symlink, a
+    device), of the wrong size, and files the manifest does not list (the manifest itself excepted).
+    Empty when all is well."""
     problems = []
     for entry in files:
         found = on_disk.get(entry.path)
@@ -48,6 +54,8 @@ def structure_problems(files: tuple[FileEntry, ...], on_disk: Mapping[str, DiskE
 
 
 def hash_problems(files: tuple[FileEntry, ...], digests: Mapping[str, str]) -> list[Problem]:
+    """The files whose computed digest differs from the manifest's; a file missing from ``digests`` (not
+    hashed) is not reported here."""
     return [
         Problem(entry.path, "content hash differs (damaged, or copied from another step or run)", entry.hash, digests[entry.path])
         for entry in files

@@ -18,6 +18,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class GpuSample:
+    """One NVML reading of one GPU, taken once a second."""
+
     index: int  # the device as NVML numbers it
     util: float  # % of the last sample period a kernel ran
     memory_used: int = 0  # bytes
@@ -27,6 +29,10 @@ class GpuSample:
 
 @dataclass(frozen=True)
 class GpuPolicy:
+    """When a GPU counts as idle while its node is busy: its utilisation (%) at or below ``idle_util`` while
+    the median of the node's other GPUs is at or above ``busy_util``, for ``idle_samples`` samples in a
+    row. Raises ``ValueError`` when ``idle_samples < 1``."""
+
     idle_util: float = 0.0  # at or below: idle
     busy_util: float = 50.0  # the median of the other GPUs at or above: busy
     idle_samples: int = 3  # samples in a row (one a second) before an idle GPU is reported
@@ -46,6 +52,9 @@ class GpuWatch:
     ecc_seen: dict[int, int] = field(default_factory=dict)  # device -> uncorrected count already reported
 
     def observe(self, by_rank: Mapping[int, GpuSample]) -> list[tuple[str, dict[str, Any]]]:
+        """Take one sample of each rank's GPU and return the findings it brings, as (event, fields):
+        ``gpu_idle`` once per idle episode, ``gpu_error`` when a device's uncorrected ECC count grew or
+        it reported critical XIDs."""
         found: list[tuple[str, dict[str, Any]]] = []
         for rank, s in sorted(by_rank.items()):
             others = [o.util for r, o in by_rank.items() if r != rank]

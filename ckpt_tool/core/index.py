@@ -19,18 +19,24 @@ from typing import Any
 
 @dataclass(frozen=True)
 class IndexEvent:
+    """One record of an event log: its name, its time (epoch seconds; 0.0 when the record has none) and
+    every other field."""
+
     event: str
     time: float
     data: Mapping[str, Any]
 
     @property
     def step(self) -> int | None:
+        """The record's ``step`` field when it is an integer (not a bool); None otherwise."""
         step = self.data.get("step")
         return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 @dataclass(frozen=True)
 class EventLog:
+    """The readable events of a log, in file order, and the lines skipped as unreadable."""
+
     events: tuple[IndexEvent, ...]
     skipped: tuple[int, ...] = ()  # 1-based numbers of the lines that are not events
 
@@ -43,6 +49,7 @@ class EventLog:
 
 
 def format_event(event: str, time: float, **data: Any) -> str:
+    """One log line: ``{"event": event, "time": time, ...data}`` as JSON with sorted keys and a final newline."""
     return json.dumps({"event": event, "time": time, **data}, sort_keys=True) + "\n"
 
 
@@ -64,6 +71,8 @@ def parse_records(lines: Iterable[str]) -> tuple[list[dict[str, Any]], tuple[int
 
 
 def parse_index(lines: Iterable[str]) -> EventLog:
+    """The events of a log's lines; lines that are not events are skipped and counted in
+    ``EventLog.skipped``, never raised."""
     records, skipped = parse_records(lines)
     events = []
     for obj in records:

@@ -26,6 +26,11 @@ MIN_GOODPUT = 0.01
 
 @dataclass(frozen=True)
 class IntervalPlan:
+    """The Young/Daly plan for one tier, all in seconds: what went in (checkpoint cost, MTBF, restart cost,
+    the step time when known) and what came out (``interval_s``: Daly's compute time between checkpoints,
+    ``young_s``: Young's first-order one, ``goodput``: the share of the time spent on training that is
+    kept)."""
+
     checkpoint_s: float
     mtbf_s: float
     restart_s: float
@@ -41,6 +46,7 @@ class IntervalPlan:
 
     @property
     def interval_steps(self) -> int | None:
+        """Daly's interval as training steps (at least 1); None when the step time is unknown."""
         return None if self.step_s is None else max(1, round(self.interval_s / self.step_s))
 
 
@@ -59,6 +65,9 @@ def goodput(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: fl
 
 
 def plan_interval(checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0, step_s: float | None = None) -> IntervalPlan:
+    """Daly's interval for a checkpoint costing ``checkpoint_s`` seconds at an MTBF of ``mtbf_s`` (the MTBF
+    itself once the cost reaches twice the MTBF), with Young's and the goodput. Raises ``CkptError``
+    (USAGE) for a time that is not a positive number (``restart_s`` may be 0)."""
     _check("checkpoint time", checkpoint_s)
     _check("MTBF", mtbf_s)
     _check("restart time", restart_s, allow_zero=True)
@@ -99,12 +108,16 @@ class TwoTierPlan:
 
     @property
     def goodput(self) -> float:
+        """The share of the time that trains with both tiers: the product of the two levels' goodput."""
         return self.local.goodput * self.shared.goodput
 
 
 def plan_two_tier(
     shared_s: float, local_s: float, mtbf_s: float, restart_s: float, local_restart_s: float, covered: float, step_s: float | None = None
 ) -> TwoTierPlan:
+    """Plan both tiers: the fast tier at the MTBF of the failures it covers (``mtbf_s / covered``), the
+    shared tier at that of the rest, and the shared tier alone for comparison. Seconds throughout. Raises
+    ``CkptError`` (USAGE) unless ``0 < covered < 1``."""
     if not 0 < covered < 1:
         raise CkptError(
             f"the share of failures the fast tier covers must be between 0 and 1 (exclusive), got {covered!r}",

@@ -44,6 +44,9 @@ _DCP_SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 
 
 class EntryKind(Enum):
+    """What a name in a checkpoint directory is: a committed-or-not step directory, a staging (``partial``)
+    directory, or one being deleted (``deleting``)."""
+
     STEP = "step"
     PARTIAL = "partial"
     DELETING = "deleting"
@@ -51,6 +54,8 @@ class EntryKind(Enum):
 
 @dataclass(frozen=True)
 class DirEntry:
+    """A name of ours found in a checkpoint directory (see ``parse_entry``): its kind, its step and the name as found."""
+
     kind: EntryKind
     step: int
     name: str
@@ -63,18 +68,26 @@ def _check_step(step: int) -> int:
 
 
 def step_dir_name(step: int) -> str:
+    """``step_NNNNNNNN``: the directory name of ``step``, zero-padded to ``STEP_DIGITS`` so names sort as
+    steps. Raises ``ValueError`` for a negative or oversized step."""
     return f"step_{_check_step(step):0{STEP_DIGITS}d}"
 
 
 def partial_dir_name(step: int) -> str:
+    """``.step_NNNNNNNN.partial``: where the ranks stage ``step`` before the commit renames it (hidden, so
+    no reader takes it for a checkpoint)."""
     return f".{step_dir_name(step)}.partial"
 
 
 def deleting_dir_name(step: int) -> str:
+    """``.step_NNNNNNNN.deleting``: what a step directory is renamed to before its files are removed, so a
+    crash mid-delete never leaves a half step named ``step_N``."""
     return f".{step_dir_name(step)}.deleting"
 
 
 def rank_state_name(rank: int) -> str:
+    """``rank_RRRRR.state.json``: the file holding one rank's non-tensor state (counters, sampler position,
+    RNG states) in a step directory."""
     return f"rank_{rank:05d}.state.json"
 
 
@@ -88,6 +101,8 @@ def parse_entry(name: str) -> DirEntry | None:
 
 
 def parse_step_dir_name(name: str) -> int | None:
+    """The step of a step directory's name (``step_N``); None for anything else, staging and deleting
+    directories included."""
     entry = parse_entry(name)
     return entry.step if entry is not None and entry.kind is EntryKind.STEP else None
 
@@ -106,6 +121,7 @@ def rank_of_file(name: str) -> int | None:
 
 
 def format_pointer(step: int) -> str:
+    """The text of the LATEST pointer naming ``step``: its directory name and a newline."""
     return step_dir_name(step) + "\n"
 
 

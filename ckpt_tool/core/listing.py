@@ -22,6 +22,11 @@ from ckpt_tool.core.manifest import Manifest
 
 @dataclass(frozen=True)
 class Row:
+    """One step directory in ``ckpt list``: its step, status (see the module), whether LATEST names it, its
+    path relative to the directory, and what the manifest and the index say (size in bytes, world size,
+    mesh, global batch, probe loss, commit and last validation times in epoch seconds); None where
+    unknown."""
+
     step: int
     status: str
     latest: bool
@@ -35,17 +40,23 @@ class Row:
     last_validated: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The row's fields as a JSON-ready dict (``ckpt list --json``)."""
         return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
 class Listing:
+    """What ``ckpt list`` shows of one directory: its rows, oldest first, what LATEST names and any notes to
+    tell the user."""
+
     rows: tuple[Row, ...]
     latest: int | None  # the step LATEST names (None: no LATEST, or unreadable)
     latest_problem: str | None  # why LATEST cannot be trusted: garbage, a missing or damaged step
     notes: tuple[str, ...] = ()  # skipped index lines and the like
 
     def to_json(self, root: str) -> dict[str, Any]:
+        """``ckpt list --json``: the directory, LATEST and its problem, every checkpoint (with its path
+        under ``root``, except fast-tier rows) and the notes."""
         return {
             "directory": root,
             "latest": self.latest,

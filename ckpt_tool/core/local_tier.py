@@ -22,15 +22,18 @@ SPACE_MARGIN = 1.25  # room asked for beyond the bytes a save writes (the DCP me
 
 
 def rank_dir_name(rank: int) -> str:
+    """``rank_RRRRR``: the directory of one rank's local checkpoints under the node-local root."""
     return f"rank_{rank:0{RANK_DIGITS}d}"
 
 
 def parse_rank_dir_name(name: str) -> int | None:
+    """The rank of a ``rank_RRRRR`` directory name (exactly ``RANK_DIGITS`` digits); None for anything else."""
     digits = name.removeprefix("rank_")
     return int(digits) if digits != name and len(digits) == RANK_DIGITS and digits.isdigit() else None
 
 
 def step_path(root: PurePath, rank: int, step: int) -> PurePath:
+    """``root/rank_RRRRR/step_NNNNNNNN``: where ``rank``'s local checkpoint of ``step`` lives."""
     return root / rank_dir_name(rank) / layout.step_dir_name(step)
 
 

@@ -43,6 +43,9 @@ ADOPTED = "adopted"  # the lineage event of weights adopted from outside (`ckpt 
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file of a checkpoint: its plain name inside the step directory (``check_file_name``), its size in
+    bytes, its ``HASH_ALGO`` hex digest (seeded with the run and the step) and the rank that wrote it."""
+
     path: str
     bytes: int
     hash: str
@@ -61,6 +64,12 @@ class Probe:
 
 @dataclass(frozen=True)
 class Manifest:
+    """What a committed checkpoint holds: its run and step, when it was committed (epoch seconds), the world
+    size and every file, and what the trajectory depends on: the batch split, the mesh, the environment
+    (``env``: torch version and the like), the probe, the entry point that builds the model (with its
+    JSON arguments) and the lineage (adoptions, reshards). Frozen; ``to_json``/``from_json`` round-trip
+    it."""
+
     run_id: str
     step: int
     created_at: float
@@ -78,6 +87,7 @@ class Manifest:
 
     @property
     def total_bytes(self) -> int:
+        """The checkpoint's size: the sum of its files' bytes (the manifest itself not counted)."""
         return sum(f.bytes for f in self.files)
 
     @property
@@ -91,6 +101,8 @@ class Manifest:
         return any(entry.get("event") == ADOPTED for entry in self.lineage)
 
     def to_json(self) -> str:
+        """The manifest file's text: indented JSON with sorted keys and a final newline (the batch with its
+        global batch spelled out, for readers)."""
         data = asdict(self)
         data["mesh"] = None if self.mesh is None else self.mesh.to_json()
         data["env"] = dict(self.env)
@@ -102,6 +114,9 @@ class Manifest:
 
     @staticmethod
     def from_json(text: str | bytes, where: str = "manifest") -> Manifest:
+        """Parse a manifest file's text, treated as untrusted (``where`` names it in messages). Raises
+        ``NewerFormatError`` for a newer format version or an unknown mesh dimension, ``CkptError``
+        (FAILED, "damaged") for anything else wrong."""
         try:
             data = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:

@@ -26,6 +26,10 @@ MAX_SIZE = 1 << 24
 
 @dataclass(frozen=True)
 class DimensionKind:
+    """What a kind of mesh dimension means to ckpt-tool: whether its ranks split the batch
+    (``data_parallel``), whether a checkpoint may resume at another size of it (``resizable``), whether
+    ckpt-tool's own tests exercise it (``tested``), and a few words for users (``meaning``)."""
+
     data_parallel: bool  # ranks along it take different samples (the batch is split over it)
     resizable: bool  # a checkpoint may continue at another size of it
     tested: bool  # exercised by ckpt-tool's own tests (torchrun, gloo, FSDP2)
@@ -48,6 +52,9 @@ class UnknownDimension(ValueError):
 
 
 def canonical_name(name: object) -> str:
+    """The known dimension name ``name`` stands for (an alias such as ``fsdp`` or ``ddp`` resolved). Raises
+    ``UnknownDimension`` for a name this version does not know, ``ValueError`` for a non-string (both
+    from untrusted JSON)."""
     if not isinstance(name, str):
         raise ValueError(f"a mesh dimension name must be a string, got {name!r}")
     name = ALIASES.get(name, name)
@@ -120,13 +127,17 @@ class Mesh:
     # ------------------------------------------------------------------ reading
     @property
     def names(self) -> tuple[str, ...]:
+        """The dimension names, outermost first (the rank order)."""
         return tuple(n for n, _ in self.dims)
 
     def size(self, name: str) -> int:
+        """The size of dimension ``name`` (an alias is accepted); 1 for a dimension the mesh does not have.
+        Raises ``UnknownDimension`` for an unknown name."""
         return dict(self.dims).get(canonical_name(name), 1)
 
     @property
     def world_size(self) -> int:
+        """The number of ranks: the product of the dimension sizes."""
         return math.prod(s for _, s in self.dims)
 
     @property
@@ -145,6 +156,8 @@ class Mesh:
         return self.world_size // self.dp_size
 
     def coordinates(self, rank: int) -> dict[str, int]:
+        """``rank``'s position along each dimension (row-major: the last dimension varies fastest). Raises
+        ``ValueError`` when ``rank`` is not in ``[0, world_size)``."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is not in a mesh of {self.world_size} ranks")
         out: dict[str, int] = {}
@@ -153,6 +166,8 @@ class Mesh:
         return {n: out[n] for n in self.names}
 
     def rank_at(self, coordinates: Mapping[str, int]) -> int:
+        """The rank at ``coordinates`` (the inverse of ``coordinates``); a missing dimension counts as 0 and
+        each coordinate is taken modulo its size."""
         rank = 0
         for name, size in self.dims:
             rank = rank * size + coordinates.get(name, 0) % size
@@ -167,6 +182,8 @@ class Mesh:
         return out
 
     def same_data_layout(self, other: Mesh) -> bool:
+        """Whether ``other`` has the same data-parallel dimensions with the same sizes, in the same order:
+        then every data-parallel rank takes the same samples in both."""
         return self.data_dims == other.data_dims
 
     def describe(self) -> str:
@@ -179,6 +196,8 @@ class Mesh:
 
     # ------------------------------------------------------------------ JSON (untrusted on read)
     def to_json(self) -> dict[str, Any]:
+        """The manifest's form: ``{"dims": [[name, size], ...], "must_divide": {dim: {what: n}}}`` (the
+        divisibility limits the writer recorded)."""
         must: dict[str, dict[str, int]] = {}
         for dim, what, n in self.limits:
             must.setdefault(dim, {})[what] = n

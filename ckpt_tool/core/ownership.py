@@ -14,6 +14,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Owner:
+    """The job that writes a checkpoint directory, as ``DIR/.owner.json`` records it. ``job_id``: the SLURM
+    job id (None outside SLURM); ``since`` and ``last_seen``: wall-clock seconds (epoch) of the claim and
+    of its last refresh."""
+
     job_id: str | None
     host: str
     pid: int
@@ -21,10 +25,13 @@ class Owner:
     last_seen: float
 
     def to_json(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (what ``.owner.json`` holds)."""
         return asdict(self)
 
     @staticmethod
     def from_json(data: Any) -> Owner | None:
+        """The owner a parsed ``.owner.json`` names; None when it is damaged (a missing field, a wrong
+        type): treated as no owner."""
         try:
             return Owner(
                 None if data.get("job_id") is None else str(data["job_id"]),
@@ -37,6 +44,8 @@ class Owner:
             return None  # damaged: treated as no owner
 
     def describe(self, now: float) -> str:
+        """One line for a refusal: which job, host and pid, and how long ago (seconds before ``now``) it
+        claimed the directory and was last seen."""
         job = f"job {self.job_id}" if self.job_id else "a job outside SLURM"
         return f"{job} on {self.host} (pid {self.pid}), owner since {now - self.since:.0f} s, last seen {now - self.last_seen:.0f} s ago"
 
@@ -48,6 +57,8 @@ def same_claim(a: Owner, b: Owner) -> bool:
 
 @dataclass(frozen=True)
 class OwnershipDecision:
+    """Whether a job may write the directory, and why (a few words, shown to the user and logged)."""
+
     allowed: bool
     reason: str
 

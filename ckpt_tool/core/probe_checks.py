@@ -22,6 +22,10 @@ TOLERANCE = {"loss": 1e-5, "lr": 1e-12, "grad_norm": 1e-4}
 
 @dataclass(frozen=True)
 class Check:
+    """One verification check: the value the checkpoint recorded, the one measured after load (None when
+    unknown), whether they agree, and how they were compared (``exact``, ``rel 1e-05``, ``skipped:
+    ...``)."""
+
     name: str
     recorded: float | int | None
     measured: float | int | None
@@ -29,6 +33,7 @@ class Check:
     how: str  # "exact", "rel 1e-05", "skipped: ..."
 
     def to_json(self) -> dict[str, object]:
+        """The check's fields as a JSON-ready dict (``ckpt verify --json`` and the index)."""
         return dict(self.__dict__)
 
     def describe(self) -> str:
@@ -49,6 +54,9 @@ def _compare(name: str, recorded: float, measured: float | None, exact: bool) ->
 def probe_checks(
     recorded: Probe, manifest_step: int, state_step: int | None, lr: float | None, measured: Probe, exact: bool
 ) -> list[Check]:
+    """The four checks of the module docstring, in order: step, loss, lr (skipped, and passed, when there is
+    no scheduler state) and grad_norm. ``exact``: bit-for-bit comparisons (same world size and dtype),
+    else within the documented tolerance."""
     return [
         Check("step", manifest_step, state_step, state_step == manifest_step == recorded.step, "exact"),
         _compare("loss", recorded.loss, measured.loss, exact),

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RetentionPolicy:
+    """How many committed checkpoints to keep: the newest ``keep_last`` valid ones (at least 1), and every
+    step divisible by ``keep_every`` when given. Raises ``ValueError`` for values out of range."""
+
     keep_last: int = 3
     keep_every: int | None = None
 
@@ -32,6 +35,7 @@ class RetentionPolicy:
             raise ValueError(f"keep_every must be a positive integer or None, got {self.keep_every!r}")
 
     def describe(self) -> str:
+        """The policy in words for the user: ``keep the last 3 and every step divisible by 1000``."""
         every = f" and every step divisible by {self.keep_every}" if self.keep_every else ""
         return f"keep the last {self.keep_last}{every}"
 

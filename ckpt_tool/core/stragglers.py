@@ -61,9 +61,12 @@ class StepTiming:
         return max(0.0, self.wall - self.compute - sum(self.phases.values()))
 
     def value(self, quantity: str) -> float:
+        """Seconds of ``quantity`` in this step: the compute time for ``compute``, else the marked phase's
+        wall time (0 when the phase did not run)."""
         return self.compute if quantity == "compute" else float(self.phases.get(quantity, 0.0))
 
     def to_wire(self) -> dict[str, Any]:
+        """The heartbeat's form (JSON-ready, seconds rounded to the microsecond; phases that took no time left out)."""
         return {
             "step": self.step,
             "wall": round(self.wall, 6),
@@ -90,6 +93,13 @@ class StepTiming:
 
 @dataclass(frozen=True)
 class StragglerPolicy:
+    """When a rank counts as a straggler. A rank's rolling median of a scored quantity is compared with its
+    peers' (``score`` = peers / own): below ``threshold`` for ``consecutive`` steps in a row, and slower
+    by at least ``min_seconds`` and ``min_share`` of the step's wall time, it is reported once. The
+    window holds at least ``window`` steps and ``window_s`` seconds of steps, at most ``max_window``
+    steps; the first ``warmup`` steps of each attempt are not scored. Raises ``ValueError`` for values
+    out of range."""
+
     threshold: float = 0.75  # relative score below this is slow: 1.33x the peers' median
     window: int = 5  # steps in a rolling median, at least ...
     window_s: float = 5.0  # ... and at least this many seconds of steps (each counts up to window_s / window)
@@ -147,6 +157,7 @@ class RankScore:
     straggler: bool
 
     def to_json(self) -> dict[str, Any]:
+        """A row of the node's rank-health table that ``ckpt status`` reads (seconds rounded to 0.1 ms, scores to 3 places)."""
         return {
             "rank": self.rank,
             "step": self.step,
@@ -174,6 +185,8 @@ class Finding:
     steps: int  # steps in a row below the threshold
 
     def to_json(self) -> dict[str, Any]:
+        """The event's form for the run's events log: seconds, the peers' median, how many times slower
+        (None when the peers took no time) and the steps in a row below the threshold."""
         return {
             "rank": self.rank,
             "phase": self.phase,
@@ -208,6 +221,9 @@ class StragglerDetector:
         self.ranks = {}
 
     def observe(self, rank: int, timing: StepTiming) -> list[Finding]:
+        """Take one step of ``rank`` and return what it changes: a ``straggler`` finding when a scored
+        quantity has been slow for ``policy.consecutive`` steps (once per episode), ``straggler_cleared``
+        when a flagged one recovers; empty during warm-up and until the window is full."""
         p = self.policy
         r = self.ranks.setdefault(rank, _Rank(deque()))
         r.seen += 1

@@ -15,6 +15,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Beat:
+    """The last heartbeat of one rank: its pid, step and phase, when the supervisor received it, and what it
+    knows of checkpoints."""
+
     rank: int
     pid: int
     step: int
@@ -46,6 +49,8 @@ def beat_of(m: Mapping[str, Any], now: float, attempt: int) -> Beat | None:
 
 @dataclass(frozen=True)
 class Hang:
+    """A rank found hung: its pid, phase and step, how long it has been silent and the timeout it passed (seconds)."""
+
     rank: int
     pid: int
     phase: str
@@ -54,6 +59,8 @@ class Hang:
     timeout_s: float
 
     def reason(self) -> str:
+        """One line for the events log and the user: which rank, silent how long in which phase and step,
+        against which timeout."""
         return f"rank {self.rank} silent for {self.silent_s:.1f} s in phase {self.phase!r} at step {self.step} (timeout {self.timeout_s:.1f} s)"
 
 

@@ -38,6 +38,9 @@ STORAGE_DTYPES: dict[str, tuple[str, int]] = {
 
 @dataclass(frozen=True)
 class TensorRecord:
+    """What the pickle of one saved tensor says: its dtype (torch's name) and item size in bytes, how many
+    items its storage holds, and the offset, size and stride (in items) of the tensor in it."""
+
     dtype: str  # torch dtype name, e.g. "float32"
     itemsize: int
     storage_numel: int
@@ -47,6 +50,7 @@ class TensorRecord:
 
     @property
     def numel(self) -> int:
+        """The number of items in the tensor (the product of ``size``; 1 for a scalar)."""
         return math.prod(self.size)
 
     @property
@@ -61,6 +65,7 @@ class TensorRecord:
 
     @property
     def nbytes(self) -> int:
+        """The size in bytes of the whole storage (what ``data/0`` must hold), not of the tensor's view of it."""
         return self.storage_numel * self.itemsize
 
 
