@@ -5,9 +5,11 @@ torch and the checkpoint code once): the maker starts with ``ckpt run`` itself (
 ranks' imports overlap torchrun's start-up), and spares are forked again whenever the ranks of
 an attempt train (a restart took them). The pool's directory holds ``<pid>.warming`` (the maker
 importing), ``<pid>.sock`` (a ready spare), ``<pid>.exit`` (a spare's or rank's exit status,
-written by the maker) and ``<pid>.refused`` (a launcher refused a spare: the environments
-differ). A refusal or a maker that dies turns the pool off for the rest of the run (one event
-says why): every rank then starts cold, as under plain torchrun.
+written by the maker), ``<pid>.refused`` (a launcher refused a spare: the environments
+differ) and ``<maker pid>.off`` (the maker found forking unsafe: a ``--warm-import`` module
+started CUDA or a thread pool; it names the module). A refusal, an unsafe fork or a maker that
+dies turns the pool off for the rest of the run (one ``warm_off`` event says why, and ``ckpt
+run`` prints it): every rank then starts cold, as under plain torchrun.
 
 Memory: the maker holds ~250 MB of host memory (``import torch`` alone: 223 MB RSS, measured);
 its spares share those pages until they write to them.
@@ -24,7 +26,7 @@ from typing import Any
 
 from ckpt_tool.core.handoff import REFUSED, WARMING
 from ckpt_tool.supervise.processes import ignore_usr1, kill_tree
-from ckpt_tool.supervise.zygote import untaken
+from ckpt_tool.supervise.zygote import OFF, untaken
 
 __all__ = ["WarmPool"]
 
@@ -76,8 +78,11 @@ class WarmPool:
         if self.off_reason is not None:
             return
         refused = sorted(self.directory.glob(f"*{REFUSED}"))
+        unsafe = self.directory / f"{self.maker.pid}{OFF}"
         if refused:
             self.off_reason = f"a launcher refused a spare: {refused[0].read_text()}"
+        elif unsafe.exists():
+            self.off_reason = f"unsafe to fork: {unsafe.read_text()}"
         elif self.maker.poll() is not None:
             self.off_reason = f"the spare maker exited with status {self.maker.returncode} (see {self.log})"
 

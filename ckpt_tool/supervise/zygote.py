@@ -12,7 +12,15 @@ status to ``POOL_DIR/<pid>.exit`` for its launcher (``supervise.handoff``).
 
 Forking after ``import torch`` is safe as long as nothing has started CUDA or an OpenMP pool
 (the spare maker runs no torch operation; import starts one idle native thread): the same
-assumption as a DataLoader worker forked from a training process.
+assumption as a DataLoader worker forked from a training process. A ``--warm-import`` module may
+break it (a torch operation at import starts the intra-op pool: one more thread per core but one;
+a ``.cuda()`` at import starts CUDA), so the maker counts its threads (``/proc/self/task``) around
+each such import and asks ``torch.cuda.is_initialized()``, and again before each fork
+(``fork_hazard``). On a hazard it makes no spare from then on: it writes why, naming the module,
+to ``POOL_DIR/<pid>.off`` (``ckpt run`` logs it as ``warm_off``; the ranks start cold) and goes on
+reaping the spares it made. Measured with torch 2.13 (CPU, 2 cores): ``import torch`` and the
+preloaded modules leave 2 threads, a 512x512 matmul after them 3; with ``OMP_NUM_THREADS=1`` the
+matmul starts no thread (nothing to fear then, and nothing is reported).
 """
 
 from __future__ import annotations
@@ -34,9 +42,69 @@ from ckpt_tool.core.handoff import READY, WARMING
 from ckpt_tool.supervise.handoff import status_path
 from ckpt_tool.supervise.warm_rank import PRELOAD, serve
 
+OFF = ".off"  # POOL_DIR/<maker pid>.off: why the maker makes no more spares
 REAP_EVERY_S = 0.02  # a launcher waits for its rank's exit status this long at most
 # Python 3.12 warns at every fork of a process with several threads (torch's import starts one).
 warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks.*", category=DeprecationWarning)
+
+
+def fork_hazard(culprit: str, cuda_initialized: bool, threads_before: int, threads_after: int) -> str | None:
+    """Why forking now would be unsafe (None: safe): ``culprit`` (what ran between the two thread
+    counts, e.g. ``--warm-import mymod``) started CUDA, or more threads (an OpenMP/intra-op pool)."""
+    if cuda_initialized:
+        return (
+            f"{culprit} started CUDA (torch.cuda.is_initialized() is true): a process forked from it "
+            "cannot use the GPU, so no spare is made; leave it out of --warm-import or keep CUDA work out of its import"
+        )
+    if threads_after > threads_before:
+        n = threads_after - threads_before
+        return (
+            f"{culprit} started {n} thread{'s' if n > 1 else ''} ({threads_before} -> {threads_after}: an OpenMP/intra-op "
+            "pool, e.g. a torch operation at import): a fork of it can deadlock, so no spare is made; "
+            "leave it out of --warm-import or run no torch operation at its import"
+        )
+    return None
+
+
+def thread_count() -> int:
+    """This process's threads, native ones included (an OpenMP pool is invisible to ``threading``)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # pragma: no cover - not Linux
+        import psutil
+
+        return psutil.Process().num_threads()
+
+
+def cuda_started() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def import_all(preload: tuple[str, ...], extra: list[str]) -> tuple[int, str | None]:
+    """Import the modules; the thread count after them and the first fork hazard one caused
+    (the preloaded modules set the baseline: ``import torch`` starts one idle thread)."""
+    for name in preload:
+        importlib.import_module(name)
+    threads = thread_count()
+    hazard = fork_hazard("the preloaded modules", cuda_started(), threads, threads)
+    for name in extra:
+        if hazard is not None:
+            break
+        importlib.import_module(name)
+        after = thread_count()
+        hazard = fork_hazard(f"--warm-import {name}", cuda_started(), threads, after)
+        threads = after
+    return threads, hazard
+
+
+def turn_off(pool: Path, why: str) -> None:
+    """Say why no more spares come (``WarmPool`` reads it) and stop the launchers' wait for imports."""
+    print(f"spare maker: {why}", file=sys.stderr, flush=True)
+    partial = pool / f".{os.getpid()}{OFF}.partial"
+    partial.write_text(why)
+    os.replace(partial, pool / f"{os.getpid()}{OFF}")
+    (pool / f"{os.getpid()}{WARMING}").unlink(missing_ok=True)
 
 
 def fork_spare(pool: Path, spawned_with: dict[str, str]) -> tuple[int, int]:
@@ -100,18 +168,24 @@ def main(argv: list[str]) -> NoReturn:
     # imports add to it: torch._dynamo sets TORCHINDUCTOR_CACHE_DIR, as it would in a cold rank).
     spawned_with = dict(os.environ)
     try:
-        for name in (*PRELOAD, *extra):
-            importlib.import_module(name)
+        baseline, hazard = import_all(PRELOAD, extra)
     except BaseException:  # noqa: BLE001 - in the pool's log; ckpt run then stops using spares
         traceback.print_exc()
         os._exit(3)
+    if hazard is not None:
+        turn_off(pool, hazard)
     while os.getppid() == parent:
         if select.select([0], [], [], REAP_EVERY_S)[0]:
             data = os.read(0, 4096)
             if not data:
                 break  # ckpt run closed the pipe (or is gone)
             wanted = max((int(line.split()[1]) for line in data.split(b"\n") if line.strip()), default=0)
-            wait_listening([fork_spare(pool, spawned_with)[1] for _ in range(wanted - len(untaken(pool)))], 5.0)
+            if hazard is None and wanted > len(untaken(pool)):  # checked before each batch of forks
+                hazard = fork_hazard("the spare maker, since its imports,", cuda_started(), baseline, thread_count())
+                if hazard is not None:
+                    turn_off(pool, hazard)
+            if hazard is None:
+                wait_listening([fork_spare(pool, spawned_with)[1] for _ in range(wanted - len(untaken(pool)))], 5.0)
             (pool / f"{os.getpid()}{WARMING}").unlink(missing_ok=True)  # launchers stop waiting for imports
         reap(pool)
     for pid in untaken(pool):
