@@ -19,6 +19,10 @@ T = TypeVar("T")
 
 
 class Comm:
+    """The manager's collectives on its own gloo group (``control_group`` too with ``with_control``:
+    main-thread agreement while the save group is busy in the background). Must be built on every rank,
+    after ``init_process_group``; without torch.distributed it is one rank and every call is local."""
+
     def __init__(self, with_control: bool = False) -> None:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.control_group = None
@@ -33,6 +37,7 @@ class Comm:
 
     @property
     def is_coordinator(self) -> bool:
+        """Whether this is rank 0 (the rank that writes the manifest, LATEST and the index)."""
         return self.rank == 0
 
     def broadcast(self, value: T) -> T:
@@ -59,6 +64,7 @@ class Comm:
         return result
 
     def all_gather(self, value: T) -> list[T]:
+        """Every rank's ``value``, in rank order (picklable objects). Collective: called on every rank."""
         if not self.distributed:
             return [value]
         out: list[Any] = [None] * self.world_size
@@ -77,6 +83,7 @@ class Comm:
         return reduced[0] > 0, reduced[1:]
 
     def barrier(self) -> None:
+        """Wait until every rank reaches this point (on the manager's group). Collective."""
         if self.distributed:
             dist.barrier(group=self.group)
 

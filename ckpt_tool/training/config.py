@@ -17,9 +17,11 @@ class Stateful(Protocol):
     """Anything with ``state_dict()`` / ``load_state_dict()`` whose state is JSON-able data
     (numbers, strings, lists, dicts, small tensors): a sampler, a data loader's position."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """The object's state as JSON-able data (saved in ``rank_R.state.json``)."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state ``state_dict()`` returned (tuples may come back as lists)."""
 
 
 @dataclass(frozen=True)

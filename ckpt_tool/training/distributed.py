@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 
 def default_backend() -> str:
+    """The process-group backend: gloo for CPU tensors and NCCL for CUDA ones when CUDA is available, else gloo alone."""
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 

@@ -75,6 +75,10 @@ class HashingFileSystem(FileSystem):
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
+        """A stream over ``path``. Writing: created with ``FILE_MODE``, hashed as written, fsynced on close,
+        its digest kept in ``written``; a failed write is recorded in ``write_failures`` and re-raised as
+        the ``OSError`` behind it when there is one. Reading: checked against the manifest's entry as
+        read (``CkptError`` on a mismatch or an unlisted file)."""
         path = Path(path)
         name = path.name.removesuffix(_TMP_SUFFIX)
         if "w" in mode:
@@ -161,17 +165,21 @@ class HashingFileSystem(FileSystem):
             ) from None
 
     def check(self, path: Path, entry: FileEntry, size: int, digest: str) -> None:
+        """Raise ``CkptError`` (via ``mismatch``) unless ``size`` and ``digest`` are those of ``entry``."""
         if size != entry.bytes or digest != entry.hash:
             self.mismatch(path, entry, size, f"hash {digest}")
 
     @staticmethod
     def mismatch(path: Path, entry: FileEntry, size: int, found: str) -> None:
+        """Always raises ``CkptError``: ``path`` does not match its manifest entry (``found``: what was
+        found besides the size), with the rollback hint."""
         raise CkptError(
             f"{path} does not match the manifest (expected {entry.bytes} bytes, hash {entry.hash}; found {size} bytes, {found}): damaged, or copied from another step or run",
             "the checkpoint is damaged: `ckpt rollback --auto` moves to the newest good one",
         )
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        """Rename as DCP does (its temporary name to the final one), keeping the file's digest under its new name."""
         super().rename(path, new_path)
         digest = self.written.pop(Path(path).name, None)
         if digest is not None:

@@ -31,6 +31,11 @@ from ckpt_tool.training.step_timing import StepTimer
 
 
 class Heartbeat:
+    """One rank's line to the ``ckpt run`` supervisor (its socket path: ``supervisor``; None outside ``ckpt
+    run``, where every call is a no-op). Holds the rank's step, phase, newest committed checkpoint and
+    step timer, sends them on each beat, and reports an uncaught exception before the rank dies. Use
+    ``heartbeat()`` for the process's one instance."""
+
     def __init__(self, supervisor: str | None) -> None:
         self.supervisor = supervisor
         self.rank = int(os.environ.get("RANK", "0"))
@@ -56,9 +61,13 @@ class Heartbeat:
 
     @property
     def active(self) -> bool:
+        """Whether a supervisor listens (the rank runs under ``ckpt run``)."""
         return self._sock is not None
 
     def beat(self, step: int | None = None, phase: str | None = None) -> None:
+        """Tell the supervisor this rank is alive at ``step`` in ``phase`` (each kept for later beats when
+        given), with the last finished step's timings. Best effort: a no-op when not active; never
+        blocks."""
         if step is not None:
             self.step = step
         if phase is not None:
@@ -83,11 +92,16 @@ class Heartbeat:
         channel.send(self._sock, self.supervisor, message)
 
     def send_event(self, event: str, **data: object) -> None:
+        """Send one event (``fatal``, ``crashed``, ``terminated``...) with ``data`` to the supervisor; a
+        no-op when not active."""
         if self._sock is not None:
             channel.send(self._sock, self.supervisor, {"rank": self.rank, "pid": os.getpid(), "event": event, **data})
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Mark the block as phase ``name`` (``data``, ``eval``, ``checkpoint``...): a beat on entry, its
+        time kept apart from the step's compute, and a beat back in the previous phase on exit,
+        exceptions included."""
         previous = self.current
         self.beat(phase=name)
         self.timer.enter(name)
@@ -98,6 +112,8 @@ class Heartbeat:
             self.beat(phase=previous if previous != "init" else "step")
 
     def checkpoint_committed(self, step: int) -> None:
+        """Record that checkpoint ``step`` is committed: later beats carry it, so the supervisor knows what
+        a restart resumes from."""
         self.ckpt = step
 
     def resumed(self, step: int) -> None:
@@ -132,9 +148,12 @@ class Heartbeat:
         self._previous_hook(kind, value, tb)  # type: ignore[arg-type]
 
     def request_stop(self) -> None:
+        """Ask this rank to save and stop at its next step (what the SIGTERM handler does under ``ckpt run``)."""
         self._stop = True
 
     def stop_requested(self) -> bool:
+        """Whether this rank was asked to save and stop: by ``request_stop`` or by the supervisor's
+        ``save_and_stop`` command (read without waiting). Stays True once set."""
         if self._sock is not None and not self._stop:
             self._stop = any(m.get("cmd") == "save_and_stop" for m in channel.receive_all(self._sock))
         return self._stop
@@ -145,6 +164,7 @@ class Heartbeat:
         self.close()
 
     def close(self) -> None:
+        """Close the socket and remove its file; later calls are no-ops, as are beats after it."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -60,6 +60,9 @@ ENV_LOCAL_DIR = "CKPT_LOCAL_DIR"
 
 @dataclass(frozen=True)
 class LocalResumed:
+    """What a resume from the fast tier loaded: the step, its run id and batch split, this rank's non-tensor
+    state (``rank_R.state.json``'s content) and the manifest of the local checkpoint."""
+
     step: int
     run_id: str
     batch: BatchConfig | None
@@ -104,6 +107,8 @@ class LocalTier:
             log.warning("ckpt: local tier: all ranks share one node (%s): no peer copies, a lost node loses its local steps", self.root)
 
     def due(self, step: int) -> bool:
+        """Whether ``step`` takes a fast-tier save: the tier is on and ``step`` is a multiple of
+        ``local_every``. The same on every rank."""
         return self.active and self.config.local_every > 0 and step % self.config.local_every == 0
 
     def _turn_off(self, why: str) -> None:

@@ -181,18 +181,23 @@ class CheckpointManager:
 
     @property
     def run_id(self) -> str | None:
+        """The run's id (16 hex digits, the same on every rank) that binds its checkpoints' hashes; None
+        until the first save or resume sets it."""
         return self.saver.run_id
 
     @property
     def last_saved_step(self) -> int | None:
+        """The step of the newest checkpoint this process saved or resumed from; None before either."""
         return self.saver.last_saved_step
 
     @property
     def model(self) -> nn.Module:
+        """The model the manager saves and restores (the one passed in)."""
         return self.state.model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer the manager saves and restores (the one passed in)."""
         return self.state.optimizer
 
     def _open_store(self, directory: Path) -> CheckpointStore:

@@ -24,6 +24,11 @@ OWNER_REFRESH_S = 30.0  # how often the writing job says it is alive (one small 
 
 
 class DirectoryClaim:
+    """This job's claim on the checkpoint directory (``core.ownership`` decides): claimed by rank 0 on
+    ``ensure``, then kept alive from a daemon thread until ``stop``. ``stale_after_s``: seconds without a
+    refresh after which another job's claim counts as dead; ``take_over``: take the directory whatever
+    its owner."""
+
     def __init__(self, store: CheckpointStore, comm: Comm, stale_after_s: float, take_over: bool) -> None:
         self.store, self.comm = store, comm
         self.stale_after_s, self.take_over = stale_after_s, take_over
@@ -33,6 +38,8 @@ class DirectoryClaim:
         self._thread: threading.Thread | None = None
 
     def owner(self) -> Owner:
+        """This process as the owner record: SLURM job id (None outside SLURM), host, pid, since when it
+        claims the directory and now (epoch seconds)."""
         now = time.time()
         return Owner(os.environ.get("SLURM_JOB_ID"), socket.gethostname(), os.getpid(), self._since or now, now)
 
@@ -55,6 +62,7 @@ class DirectoryClaim:
         self.claimed = True
 
     def stop(self) -> None:
+        """Stop refreshing the claim (the keep-alive thread ends at its next wake-up); the owner file is left as it is."""
         self._stop.set()
 
     def _keep_alive(self) -> None:

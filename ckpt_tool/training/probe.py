@@ -47,6 +47,10 @@ def _scalar(t: Any) -> float:
 
 
 def measure(model: nn.Module, spec: ProbeSpec, lr: float, step: int) -> Probe:
+    """The probe of ``model`` as it stands: loss and gradient norm on ``spec.batch``, with ``lr`` and
+    ``step`` recorded as given. Runs forward and backward in eval mode under a forked RNG; the
+    parameters' ``.grad``, the training mode and the RNG streams are as before. Collective when the
+    parameters are sharded (the norm is global)."""
     params = [p for p in model.parameters() if p.requires_grad]
     saved_grads = [p.grad for p in params]
     was_training = model.training
@@ -69,6 +73,10 @@ def measure(model: nn.Module, spec: ProbeSpec, lr: float, step: int) -> Probe:
 
 @dataclass(frozen=True)
 class VerifyReport:
+    """The outcome of a probe verification of checkpoint ``step``: each check, whether they were compared
+    bit-exactly, and when not, why (``differences``) and what would make them so (``reproduce``); the
+    mesh that saved the checkpoint and the one that checked it (``dp_shard=2,tp=2``)."""
+
     step: int
     checks: tuple[Check, ...]
     exact: bool
@@ -79,12 +87,16 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Whether every check passed."""
         return all(c.ok for c in self.checks)
 
     def failures(self) -> list[str]:
+        """One line per failed check (``Check.describe``); empty when all passed."""
         return [c.describe() for c in self.checks if not c.ok]
 
     def to_json(self) -> dict[str, Any]:
+        """``ckpt verify --json``'s form: the step, ``ok``, ``exact``, the differences and how to reproduce,
+        both meshes and every check."""
         return {
             "step": self.step,
             "ok": self.ok,
@@ -115,6 +127,9 @@ def load_probe_batch(path: Any, process_group: Any = None) -> dict[str, torch.Te
 
 
 def current_env(model: nn.Module, mesh: Mesh) -> dict[str, Any]:
+    """What bit-exactness depends on here, for the manifest's ``env`` and for comparing at verify: torch
+    version, thread count, world size and mesh, tp size, and the dtype and device type of the model's
+    first parameter (None without parameters)."""
     first = next(model.parameters(), None)
     return {
         "torch": torch.__version__,

@@ -33,6 +33,8 @@ def enable() -> None:
 
 
 def committed_line(step: int, path: Path, total_bytes: int, seconds: float) -> str:
+    """``ckpt: checkpoint step N committed: PATH (SIZE, S s)``: the line after a commit (``seconds``: from
+    the save call to the commit)."""
     return f"ckpt: checkpoint step {step} committed: {path} ({human_bytes(total_bytes)}, {seconds:.2f} s)"
 
 
@@ -43,4 +45,5 @@ def resumed_line(step: int, path: Path, skipped: list[str]) -> str:
 
 
 def fresh_line(root: Path) -> str:
+    """``ckpt: no checkpoint in ROOT: starting from scratch``: the line of a resume that found nothing to resume from."""
     return f"ckpt: no checkpoint in {root}: starting from scratch"

@@ -29,6 +29,9 @@ class TrainingState:
     device_mesh: Any = None  # the run's torch DeviceMesh, when it gave one (DTensor's RNG tracker)
 
     def capture(self, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
+        """This rank's non-tensor state at ``step``: RNG states, the scheduler's, scaler's and data's
+        ``state_dict()`` (None when absent) and the user's ``extra``. Encode it with
+        ``state_codec.dumps``."""
         return {
             "step": step,
             "rng": rng.capture(),

@@ -32,6 +32,8 @@ def _dtensor_random() -> Any:
 
 
 def capture() -> dict[str, Any]:
+    """This rank's RNG states: python, torch CPU, numpy when installed, every CUDA device when CUDA is
+    initialised, and whether DTensor's RNG tracker exists (``restore`` recreates it)."""
     tracker = getattr(_dtensor_random(), "_rng_tracker", None)
     state: dict[str, Any] = {"python": random.getstate(), "torch_cpu": torch.get_rng_state(), "dtensor_rng_tracker": tracker is not None}
     if np is not None:

@@ -58,6 +58,8 @@ class RestrictedUnpickler(pickle.Unpickler):
     """Resolves only allow-listed metadata classes and torch dtype constants."""
 
     def find_class(self, module: str, name: str) -> Any:
+        """Resolve only the DCP metadata classes of ``_ALLOWED`` and torch dtypes; raises ``CkptError`` for
+        anything else (the pickle is damaged or hostile), before any of its code runs."""
         if name in _ALLOWED.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
@@ -70,6 +72,8 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def load_metadata_safely(stream: io.BufferedIOBase) -> Metadata:
+    """The DCP ``Metadata`` pickled in ``stream``, read with ``RestrictedUnpickler``. Raises ``CkptError``
+    when it asks for a class outside the allow-list, is unreadable, or holds anything but ``Metadata``."""
     try:
         metadata = RestrictedUnpickler(stream).load()
     except CkptError:
@@ -84,7 +88,11 @@ def load_metadata_safely(stream: io.BufferedIOBase) -> Metadata:
 
 
 class SafeFileSystemReader(FileSystemReader):
+    """torch's ``FileSystemReader`` whose ``.metadata`` is read by ``load_metadata_safely`` instead of ``pickle.load``."""
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's DCP metadata, unpickled safely (``load_metadata_safely``'s errors), with this
+        reader's load id set as torch's reader sets it."""
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
             metadata = load_metadata_safely(f)
@@ -102,6 +110,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     not_loaded: tuple[str, ...] = ()
 
     def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False) -> None:
+        """DCP's planner set-up, then a check that every tensor the target state asks for is in the
+        checkpoint with its shape: raises ``MisfitError`` (nothing loaded yet) naming what does not fit;
+        the checkpoint's entries nobody asked for go to ``not_loaded``."""
         super().set_up_planner(state_dict, metadata, is_coordinator)
         if metadata is None:
             return
@@ -116,6 +127,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         self.not_loaded = tuple(sorted(set(saved) - set(wanted)))
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Load one non-tensor entry with ``torch.load(weights_only=True)`` into the target state; raises
+        ``CkptError`` for an entry that is not plain data (damaged or hostile)."""
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as exc:

@@ -43,9 +43,13 @@ class GlobalSampler:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
+        """The position to resume from: epoch and samples drawn in it (the same on every rank, independent
+        of the world size)."""
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a ``state_dict()``'s position (of any world size): the epoch's permutation is
+        rebuilt from the seed."""
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._perm = self._permutation()
 

@@ -90,10 +90,15 @@ def _decode(obj: Any) -> Any:
 
 
 def dumps(state: dict[str, Any]) -> bytes:
+    """``state`` as compact JSON bytes: small tensors inline as base64, numpy values as lists, tuples as
+    lists, non-finite floats tagged. Raises ``CkptError`` for what a checkpoint cannot hold safely: an
+    object of another type, a key neither str nor int, a tensor too large or of an unsupported dtype."""
     return json.dumps(_encode(state, "state"), separators=(",", ":")).encode()
 
 
 def loads(raw: bytes, where: str) -> dict[str, Any]:
+    """The state ``dumps`` wrote; ``where`` names the file in messages. Raises ``CkptError`` when it is not
+    valid JSON, not an object, or an encoded value is damaged. Never unpickles."""
     try:
         state = _decode(json.loads(raw))
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:

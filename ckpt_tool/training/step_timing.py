@@ -30,6 +30,10 @@ _ABSENT = -1.0  # another rank's slot, or a quantity this rank did not have this
 
 
 class StepTimer:
+    """One rank's step clock (``rank`` of ``world_size``): wall and training-thread CPU time per step, and
+    the wall time of each marked phase, read around the step's synchronising collective. Turned off by
+    ``CKPT_STEP_TIMING=0`` (``ENV_SWITCH``); the first step is not timed (no start yet)."""
+
     def __init__(self, rank: int = 0, world_size: int = 1) -> None:
         self.rank, self.world_size = rank, world_size
         self.enabled = os.environ.get(ENV_SWITCH, "1") != "0"
@@ -42,6 +46,8 @@ class StepTimer:
         self._depth = 0
 
     def enter(self, phase: str) -> None:
+        """Start timing marked phase ``phase`` (``MARKED``; others are ignored). A marked phase inside
+        another counts as the outer one's time."""
         if not self.enabled or self._start is None or phase not in MARKED:
             return
         self._depth += 1
@@ -49,6 +55,8 @@ class StepTimer:
             self._open = (phase, time.perf_counter(), time.thread_time())
 
     def leave(self, phase: str) -> None:
+        """End the marked phase ``enter`` opened: its wall time is added to the step's phases and its CPU
+        time taken out of the step's compute."""
         if not self.enabled or phase not in MARKED or self._depth == 0:
             return
         self._depth -= 1
@@ -99,5 +107,6 @@ class StepTimer:
         return {q: m for q, m in zip(SCORED, medians, strict=True) if m == m}  # NaN: no peer had it
 
     def take(self) -> StepTiming | None:
+        """The last finished step's timings, once (the next call returns None until another step finishes)."""
         ready, self.ready = self.ready, None
         return ready
