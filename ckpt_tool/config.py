@@ -50,6 +50,10 @@ def check_values(path: Path, data: dict[str, Any]) -> None:
 
 
 def find_config(start: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The first config file found from ``start`` (the current directory) upwards: ``ckpt.toml``, or
+    ``pyproject.toml`` with a non-empty ``[tool.ckpt]``, with its checked values; None when there is
+    none. Raises ``CkptError`` (USAGE) for invalid TOML, a section that is not a table, or an unknown key
+    or wrong type."""
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         for name, section in (("ckpt.toml", None), ("pyproject.toml", ("tool", "ckpt"))):
@@ -73,5 +77,7 @@ def find_config(start: Path | None = None) -> tuple[Path, dict[str, Any]] | None
 
 
 def default(key: str, start: Path | None = None) -> Any:
+    """The config file's value for option ``key`` (underscores), or None when no file or no such key; raises
+    as ``find_config``."""
     found = find_config(start)
     return None if found is None else found[1].get(key)

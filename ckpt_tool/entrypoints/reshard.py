@@ -103,6 +103,9 @@ class _Copy:
 
 
 def main(argv: list[str]) -> int:
+    """torchrun's entry for ``ckpt reshard --nproc``: ``argv`` is RESULT.json SRC STEP DST TP [MICRO_BATCH].
+    Every rank loads its shard of SRC's ``step`` and saves it into DST laid out for this world size; rank
+    0 writes the result or error to RESULT.json. Returns the exit code."""
     result_path, src, step, dst, tp = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3]), int(argv[4])
     micro = int(argv[5]) if len(argv) > 5 else None
     init_distributed("gloo")

@@ -21,6 +21,9 @@ from ckpt_tool.training.mesh import from_device_mesh, init_dp_tp_mesh
 
 
 def main(argv: list[str]) -> int:
+    """torchrun's entry for ``ckpt verify --nproc``: ``argv`` is RESULT.json DIR STEP TP [ENTRY]. Every rank
+    loads its shard on a ``(dp_shard, tp)`` mesh and re-measures the probe; rank 0 writes the report or
+    error to RESULT.json. Returns the exit code."""
     result_path, directory, step, tp = Path(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3])
     entry = argv[4] if len(argv) > 4 else None
     init_distributed("gloo")

@@ -100,11 +100,15 @@ def disk_usage(store: CheckpointStore) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class QuarantineRow:
+    """One quarantined checkpoint in ``ckpt quarantine list``: what it is, its size in bytes and why it was
+    moved aside (the index's words; empty when unknown)."""
+
     item: Quarantined
     bytes: int
     reason: str
 
     def to_json(self) -> dict[str, Any]:
+        """``--json``'s form: name, step, when it was moved (epoch seconds), bytes and reason."""
         return {
             "name": self.item.name,
             "step": self.item.step,

@@ -42,6 +42,9 @@ FORMATS = ("safetensors", "torch")
 
 @dataclass(frozen=True)
 class Exported:
+    """What ``ckpt export`` wrote: the file, the step, the format (``safetensors`` or ``torch``), how many
+    tensors and how many bytes of tensor data, and the checkpoint's entries left out."""
+
     path: Path
     step: int
     format: str
@@ -107,6 +110,11 @@ def stream(store: CheckpointStore, step: int, entries: list[ExportEntry]) -> Ite
 
 
 def export_checkpoint(store: CheckpointStore, step: int, fmt: str, out: Path, model_only: bool = False, force: bool = False) -> Exported:
+    """Write the consolidated tensors of ``step`` to the file ``out`` in format ``fmt`` (model tensors only
+    with ``model_only``), after hash-checking every file of the step; written under a temporary name,
+    then renamed and fsynced. Raises ``CkptError``: USAGE for a bad format, an ``out`` that exists
+    (without ``force``), is a directory or has no parent, nothing to export or a dtype safetensors lacks;
+    the check's errors for a damaged step."""
     if fmt not in FORMATS:
         raise CkptError(f"unknown format {fmt!r}", f"use one of: {', '.join(FORMATS)}", ExitCode.USAGE)
     if out.is_dir():

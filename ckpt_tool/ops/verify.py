@@ -94,6 +94,10 @@ def load_entry_point(spec: str) -> Callable[..., Any]:
 def build_from_entry_point(
     spec: str, world_size: int, kwargs: dict[str, Any], device_mesh: Any = None, tp: int = 1
 ) -> tuple[nn.Module, Callable[..., torch.Tensor]]:
+    """The ``(model, loss_fn)`` the entry point ``spec`` (``module:function``) builds for ``world_size``
+    ranks with the manifest's ``kwargs``; ``device_mesh`` is passed as ``mesh=`` when the function takes
+    one. Raises ``CkptError`` (USAGE) when it cannot be loaded, takes no mesh while ``tp > 1``, fails
+    (its error named) or returns anything else."""
     fn = load_entry_point(spec)
     try:
         takes_mesh = "mesh" in inspect.signature(fn).parameters

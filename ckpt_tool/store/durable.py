@@ -11,6 +11,8 @@ from pathlib import Path
 
 
 def fsync_dir(path: Path) -> None:
+    """fsync the directory ``path`` itself, so that a rename or a new name in it survives a crash. Raises
+    ``OSError`` as ``os.open``/``os.fsync`` do."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

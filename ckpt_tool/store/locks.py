@@ -73,6 +73,9 @@ class DirectoryLock:
         return SoftFileLease(path.with_suffix(".soft"), timeout=timeout, lease_duration=SOFT_LOCK_LEASE_S)
 
     def acquire(self, timeout: float = LOCK_TIMEOUT_S) -> BaseFileLock:
+        """Take the directory's lock (flock, or the soft lease where flock fails), waiting up to ``timeout``
+        seconds; the caller releases it. Raises ``CkptError``: CONFLICT when another process holds it
+        that long, USAGE when the directory is read-only or not this user's (nothing changed)."""
         lock = self._lock(timeout)
         try:
             lock.acquire()

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 
 class OwnershipMixin:
+    """``CheckpointStore``'s owner record: ``claim`` (become the directory's writer), ``refresh_owner`` and
+    the check that this process still owns the directory before it changes it."""
+
     _claimed_as: Owner | None = None  # the claim this process made (claim())
 
     def claim(self: CheckpointStore, me: Owner, stale_after_s: float, take_over: bool) -> str:

@@ -18,10 +18,12 @@ MAX_DATAGRAM = 4096
 
 
 def encode(message: dict[str, Any]) -> bytes:
+    """A message as compact JSON bytes (one datagram)."""
     return json.dumps(message, separators=(",", ":")).encode()
 
 
 def decode(raw: bytes) -> dict[str, Any] | None:
+    """The message in a datagram; None for anything that is not a JSON object (never raises)."""
     try:
         message = json.loads(raw)
     except ValueError:
@@ -30,6 +32,8 @@ def decode(raw: bytes) -> dict[str, Any] | None:
 
 
 def bind(path: Path) -> socket.socket:
+    """A non-blocking Unix datagram socket bound at ``path`` (a stale socket file there is replaced),
+    readable and writable by this user only (0600)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path.unlink(missing_ok=True)
     sock.bind(str(path))
@@ -48,6 +52,7 @@ def send(sock: socket.socket, path: str | Path, message: dict[str, Any]) -> bool
 
 
 def receive_all(sock: socket.socket) -> list[dict[str, Any]]:
+    """Every message waiting on ``sock``, oldest first, without blocking; datagrams that are not messages are dropped."""
     out = []
     while True:
         try:

@@ -21,11 +21,16 @@ ENV_FAKE = "CKPT_FAKE_NVML"
 
 
 class GpuReader(Protocol):
-    def sample(self) -> dict[int, GpuSample]: ...  # device index -> its reading
+    """What the watchdog reads GPUs through (``NvmlReader``, or ``FakeReader`` in tests); ``open_reader`` gives one."""
 
-    def index_of(self, device: str) -> int | None: ...  # a CUDA_VISIBLE_DEVICES entry (index or UUID)
+    def sample(self) -> dict[int, GpuSample]:
+        """One reading of each device, by NVML device index; a device that cannot be read is left out."""
 
-    def close(self) -> None: ...
+    def index_of(self, device: str) -> int | None:
+        """The NVML index of a ``CUDA_VISIBLE_DEVICES`` entry (an index or a UUID); None when no device matches."""
+
+    def close(self) -> None:
+        """Release the reader's resources; no sample after it."""
 
 
 def device_of_local_rank(local_rank: int, cuda_visible: str | None) -> str:
@@ -36,10 +41,14 @@ def device_of_local_rank(local_rank: int, cuda_visible: str | None) -> str:
 
 
 class FakeReader:
+    """Readings from the JSON file ``CKPT_FAKE_NVML`` names, re-read at each sample: what tests and
+    machines without GPUs use. Shape: ``{"gpus": [{"index", "util", "memory_used", "ecc_uncorrected", "xids"}]}``."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def sample(self) -> dict[int, GpuSample]:
+        """The file's readings now; empty when it is missing or malformed (never raises)."""
         try:
             data = json.loads(self.path.read_text())
             return {
@@ -56,13 +65,18 @@ class FakeReader:
             return {}
 
     def index_of(self, device: str) -> int | None:
+        """A numeric entry as the index; None for a UUID (the file has none)."""
         return int(device) if device.isdigit() else None
 
     def close(self) -> None:
-        pass
+        """Nothing to release."""
 
 
 class NvmlReader:
+    """The node's GPUs through NVML (the ``pynvml`` module of nvidia-ml-py): initialises NVML and subscribes
+    to critical XID events where the device supports them. Raises ``NVMLError`` when NVML cannot start
+    (``open_reader`` turns that into a reason)."""
+
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
@@ -84,6 +98,8 @@ class NvmlReader:
             out.setdefault(self.nvml.nvmlDeviceGetIndex(data.device), []).append(int(data.eventData))
 
     def sample(self) -> dict[int, GpuSample]:
+        """Utilisation (%), memory used (bytes), the volatile uncorrected ECC count (0 where ECC is off) and
+        the critical XIDs since the last sample, per device; a device NVML fails to read is left out."""
         nvml, xids, out = self.nvml, self._xids(), {}
         for i, h in self.handles.items():
             try:
@@ -99,6 +115,8 @@ class NvmlReader:
         return out
 
     def index_of(self, device: str) -> int | None:
+        """The index of a ``CUDA_VISIBLE_DEVICES`` entry: a number as is, a UUID by asking each device; None
+        when none matches."""
         if device.isdigit():
             return int(device)
         for i, h in self.handles.items():
@@ -110,6 +128,7 @@ class NvmlReader:
         return None
 
     def close(self) -> None:
+        """Free the event set and shut NVML down; NVML errors are ignored."""
         try:
             self.nvml.nvmlEventSetFree(self.events)
             self.nvml.nvmlShutdown()

@@ -31,8 +31,8 @@ from ckpt_tool.training.step_timing import StepTimer
 
 
 class Heartbeat:
-    """One rank's line to the ``ckpt run`` supervisor (its socket path: ``supervisor``; None outside ``ckpt
-    run``, where every call is a no-op). Holds the rank's step, phase, newest committed checkpoint and
+    """One rank's line to the ``ckpt run`` supervisor (its socket path: ``supervisor``; None outside
+    ``ckpt run``, where every call is a no-op). Holds the rank's step, phase, newest committed checkpoint and
     step timer, sends them on each beat, and reports an uncaught exception before the rank dies. Use
     ``heartbeat()`` for the process's one instance."""
 
