@@ -116,6 +116,9 @@ def split_debug(args: list[str]) -> tuple[list[str], bool]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The ``ckpt`` executable: run the CLI on ``argv`` (the process's arguments when None). A ``CkptError``
+    prints its message and hint on stderr and exits with its code; ``--debug`` or ``CKPT_DEBUG=1`` raises
+    it with its traceback instead. Ends in ``SystemExit`` (Typer exits itself; usage errors exit 2)."""
     args, debug = split_debug(list(sys.argv[1:] if argv is None else argv))
     debug = debug or os.environ.get("CKPT_DEBUG") == "1"
     try:

@@ -19,6 +19,7 @@ class Command(TyperCommand):
     """A ``ckpt`` command (``app.command(..., cls=Command)``)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
+        """Typer's parameters, the flags without a value placeholder in the help."""
         return _flags_without_value(super().get_params(ctx))
 
 
@@ -26,4 +27,5 @@ class Group(TyperGroup):
     """A group of ``ckpt`` commands (``typer.Typer(cls=Group)``)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
+        """Typer's parameters, the flags without a value placeholder in the help."""
         return _flags_without_value(super().get_params(ctx))

@@ -47,6 +47,8 @@ __all__ = [
 
 
 def is_terminal() -> bool:
+    """Whether stdout is a terminal (Rich tables and colours) rather than a pipe or a file (whole lines,
+    tab-separated tables)."""
     return out.is_terminal
 
 
@@ -66,14 +68,17 @@ def human(value: Any) -> str:
 
 
 def when(t: float | None) -> str:
+    """``YYYY-MM-DD HH:MM:SS`` in local time for epoch seconds ``t``; ``-`` when unknown (None or 0)."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def when_short(t: float | None) -> str:
+    """``MM-DD HH:MM:SS`` in local time for epoch seconds ``t`` (a narrow table cell); ``-`` when unknown."""
     return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def size(n: int | None) -> str:
+    """``n`` bytes in decimal units (``512 B``, ``1.5 GB``; TB is the largest); ``-`` for None."""
     if n is None:
         return "-"
     value = float(n)
@@ -104,6 +109,10 @@ def shorten(text: str, limit: int) -> str:
 
 @dataclass(frozen=True)
 class Column:
+    """One column of ``print_table``: its title on a terminal, its one-word header in a pipe (``key``), how
+    a cell is shown on a terminal (``terminal``) and in a pipe (``full``: the whole value), and the Rich
+    style of each cell text on a terminal."""
+
     title: str
     key: str = ""  # the header in a pipe (one word); default: the title with underscores
     justify: str = "left"
@@ -115,6 +124,7 @@ class Column:
 
     @property
     def header(self) -> str:
+        """The column's header in a pipe: ``key``, or the title with its spaces as underscores."""
         return self.key or self.title.replace(" ", "_")
 
 
@@ -140,6 +150,8 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], title:
 
 
 def print_json(obj: Any) -> None:
+    """Write ``obj`` to stdout as one indented JSON document (values JSON cannot hold as their ``str``), not
+    through Rich."""
     sys.stdout.write(json.dumps(obj, indent=1, default=str) + "\n")
 
 
