@@ -242,6 +242,61 @@ def _damaged(view: StoreView, intent: Damaged) -> RecoveryPlan:
     return RecoveryPlan(previous, tuple(actions), tried=(intent.step,))
 
 
+# ------------------------------------------------------------------ `ckpt recover`'s decision, kept for the ranks
+RECOVER_NAME = "recover.json"  # RUN_DIR/recover.json: what `ckpt recover` decided at this start
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """``ckpt recover``'s decision as ``RUN_DIR/recover.json`` keeps it, with what makes it
+    current: the store it was taken on (``store``, a resolved path), a fingerprint of the facts
+    it judged (``facts``: the step directories, leftovers, LATEST and its manifest, taken right
+    after it; any commit, rollback, quarantine or clean-up since changes it) and the world size it
+    was planned for. ``reshard`` is its reshard plan's JSON."""
+
+    step: int | None
+    world_size: int | None
+    store: str | None
+    facts: str | None
+    reshard: Mapping[str, object] | None = None
+    hashes_checked: bool = False
+
+    @classmethod
+    def from_json(cls, data: object) -> Recorded | None:
+        """The decision in ``data`` (recover.json's JSON), or None when it is not one (an older
+        file without the identity fields, a torn or hand-edited one)."""
+        if not isinstance(data, Mapping) or data.get("action") != "resume":
+            return None
+        step, world, store, facts = (data.get(k) for k in ("step", "world_size", "store", "facts"))
+        if not isinstance(step, int) or not isinstance(store, str) or not isinstance(facts, str):
+            return None
+        reshard = data.get("reshard")
+        return cls(
+            step,
+            world if isinstance(world, int) else None,
+            store,
+            facts,
+            reshard if isinstance(reshard, Mapping) else None,
+            data.get("hashes_checked") is True,
+        )
+
+
+def stale_because(recorded: Recorded, store: str, latest: int | None, facts: str | None, world_size: int) -> str | None:
+    """Why the ranks may not take ``recorded`` as their decision (None: they take it): it was
+    taken on another directory, LATEST names another step now, the store's index changed since
+    (a commit, rollback, quarantine or clean-up: the facts it judged are gone), or it was
+    planned for another world size. A stale decision is not followed: the ranks plan themselves."""
+    if recorded.store != store:
+        return f"it was taken on {recorded.store}, not {store}"
+    if latest != recorded.step:
+        return f"it chose step {recorded.step} and LATEST now names {'nothing' if latest is None else f'step {latest}'}"
+    if facts != recorded.facts:
+        return "the checkpoint directory changed since (a save, rollback, quarantine, clean-up or rewritten manifest)"
+    if recorded.world_size is not None and recorded.world_size != world_size:
+        return f"it was planned for {recorded.world_size} ranks, this run has {world_size}"
+    return None
+
+
 __all__ = [
     "Action",
     "Checked",
@@ -249,7 +304,9 @@ __all__ = [
     "Intent",
     "MoveLatest",
     "Quarantine",
+    "RECOVER_NAME",
     "RecoveryPlan",
+    "Recorded",
     "Remove",
     "Resume",
     "Rollback",
@@ -257,5 +314,6 @@ __all__ = [
     "StoreView",
     "fallback_step",
     "plan",
+    "stale_because",
     "steps_to_quarantine_on_rollback",
 ]

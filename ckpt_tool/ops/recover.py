@@ -9,7 +9,10 @@ content hashes are the ranks': each checks its files as it loads them (each byte
 spread over the ranks), and damage found then quarantines the checkpoint and sends every rank
 back to the previous one together (``training.resume``). ``full=True`` (``--full``) also hashes
 every file here, as ``ckpt validate`` does. The decision goes to ``RUN_DIR/recover.json`` and the
-run's event log, where ``ckpt run``, the training script and ``ckpt status`` find it.
+run's event log, where ``ckpt status`` finds it. The ranks' resume takes it as its decision while
+it is current (the same directory, LATEST still on its step, the facts it judged unchanged since, the
+same world size: ``core.recovery.stale_because``), so the step is not chosen twice; a stale one is
+not followed (the ranks plan themselves through the same planner).
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from pathlib import Path
 from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import mesh_checks
 from ckpt_tool.core.layout import DirectoryKind
+from ckpt_tool.core.recovery import RECOVER_NAME
 from ckpt_tool.ops.rollback import rollback
+from ckpt_tool.store import recovery
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import note, read_events
 
-DECISION_NAME = "recover.json"
+DECISION_NAME = RECOVER_NAME
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,8 @@ class Decision:
     nodes: int | None = None  # nodes of this allocation (the sbatch script says)
     nodes_before: int | None = None  # nodes of the previous start or round that recorded them
     hashes_checked: bool = False  # the content was hashed here (--full); otherwise the ranks hash it as they load
+    store: str | None = None  # the checkpoint directory decided on (resolved), with...
+    facts: str | None = None  # ...a fingerprint of what it judged: the ranks follow the decision while both hold
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -54,6 +61,12 @@ def _nodes_before(run_dir: Path | None) -> int | None:
         return None
     recorded = [e.get("nodes") for e in read_events(run_dir) if e.get("event") == "recover"]
     return next((n for n in reversed(recorded) if isinstance(n, int)), None)
+
+
+def _identity(ckpt_dir: Path) -> dict[str, object]:
+    """The store and the fingerprint of its facts after the decision: what the ranks check it against."""
+    where, facts = recovery.identity(CheckpointStore(ckpt_dir))
+    return {"store": where, "facts": facts}
 
 
 def usable(store: CheckpointStore, step: int, full: bool = False) -> bool:
@@ -109,6 +122,7 @@ def recover(
             "nodes": nodes,
             "nodes_before": _nodes_before(run_dir),
             "hashes_checked": full and decision.action == "resume",
+            **(_identity(ckpt_dir) if decision.action == "resume" else {}),
         }
     )
     if run_dir is not None:

@@ -7,12 +7,16 @@ carried out under the directory's lock, in the plan's order; quarantine moves, n
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.recovery import Checked, Intent, MoveLatest, Quarantine, RecoveryPlan, Remove, StoreView, plan
+from ckpt_tool.core.recovery import RECOVER_NAME, Checked, Intent, MoveLatest, Quarantine, Recorded, RecoveryPlan, Remove, StoreView, plan
+from ckpt_tool.errors import CkptError
 from ckpt_tool.timing import span
 
 if TYPE_CHECKING:
@@ -75,3 +79,32 @@ def _move_latest(store: CheckpointStore, move: MoveLatest) -> None:
         store.append_event("roll_forward", step=move.step, previous=move.previous)
     else:
         store.set_latest_locked(move.step, move.reason, move.event)
+
+
+def identity(store: CheckpointStore) -> tuple[str, str | None]:
+    """What makes a recorded decision current on ``store``: its resolved path and a fingerprint
+    of the facts the planner judged (the step directories, committed or not, the leftovers of a
+    crash, LATEST's step and its manifest's bytes: a commit, rollback, quarantine, clean-up,
+    deletion or rewritten manifest changes it; taking the directory over does not). None: no
+    LATEST to fingerprint."""
+    try:
+        latest = store.read_latest()
+        manifest = (store.step_path(latest) / layout.MANIFEST_NAME).read_bytes() if latest is not None else None
+    except (CkptError, OSError):
+        latest, manifest = None, None
+    if latest is None or manifest is None:
+        return str(store.root.resolve()), None
+    facts = view(store, latest)
+    digest = hashlib.sha256(repr((facts.committed, facts.step_dirs, facts.leftovers, latest)).encode())
+    digest.update(manifest)
+    return str(store.root.resolve()), digest.hexdigest()[:32]
+
+
+def read_recorded(run_dir: Path) -> Recorded | None:
+    """``ckpt recover``'s decision in ``run_dir`` (``recover.json``), or None: no file, not
+    readable, torn, or not a decision to resume from."""
+    try:
+        data = json.loads((run_dir / RECOVER_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return Recorded.from_json(data)

@@ -1,6 +1,9 @@
 """Resuming: the newest checkpoint that passes every check, loaded into the run's state.
 
-The newest candidate (LATEST, or a fallback when it is missing or garbage) is checked for
+The first candidate is the step ``ckpt recover`` chose at this start (``RUN_DIR/recover.json``)
+while that decision is current (``core.recovery.stale_because``): its structure check stands and
+the step is not chosen again. Otherwise (no decision, a stale one) the recovery planner's
+``Resume`` chooses it: LATEST, or a fallback when it is missing or garbage. It is checked for
 structure (files and sizes, DCP metadata safe to read), loaded with every file hash-checked as
 DCP reads it, and verified by re-measuring the probe. Damage sends it to quarantine and the
 previous one is tried, up to ``max_fallbacks``; what is not damage (a checkpoint that does not
@@ -11,16 +14,18 @@ nothing. Collective: every rank runs the same steps.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_tool.core import layout
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.core.recovery import Damaged, Resume, plan
+from ckpt_tool.core.recovery import RECOVER_NAME, Damaged, Recorded, Resume, plan, stale_because
 from ckpt_tool.core.reshard import ReshardPlan, plan_resume
 from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store import recovery
@@ -31,12 +36,14 @@ from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 from ckpt_tool.training.probe import ProbeSpec, check_loaded_model
+from ckpt_tool.training.progress import progress
 from ckpt_tool.training.rank_state import TrainingState, read_rank_state
 from ckpt_tool.training.safe_dcp import load_state
 from ckpt_tool.training.torch_state import LiveState, live_state
 from ckpt_tool.training.validation import validate_checkpoint
 
 log = logging.getLogger("ckpt_tool")
+RUN_DIR_ENV = "CKPT_RUN_DIR"  # exported to the ranks by `ckpt run`; else CKPT_DIR/run
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class Resumption:
         self.env, self.requested, self.mesh = env, requested, mesh
         self._model_differs = False  # the last load left checkpoint entries of the model unused
         self.skipped: list[str] = []  # rank 0: why each newer candidate was passed over, for the resume's line
+        self.followed: Recorded | None = None  # `ckpt recover`'s decision, while the first candidate is its step
 
     def run(self) -> Resumed | None:
         """The resumed checkpoint, or None on a fresh start (no checkpoint at all)."""
@@ -77,11 +85,15 @@ class Resumption:
             )
         for action in actions:
             log.warning("ckpt: %s", action)
+        self.followed = self.comm.on_coordinator(self._recorded)
         for _ in range(self.config.max_fallbacks + 1):
-            candidate = self.comm.on_coordinator(self._candidate)
-            if candidate is None:
-                return None
-            problems = self._check_structure(candidate)
+            if self.followed is not None:
+                candidate, problems = self.followed.step, []  # chosen and structure-checked by `ckpt recover`
+            else:
+                candidate = self.comm.on_coordinator(self._candidate)
+                if candidate is None:
+                    return None
+                problems = self._check_structure(candidate)
             resumed = None
             if not problems:
                 resumed, problems = self._load(candidate)
@@ -90,6 +102,7 @@ class Resumption:
             if not problems:
                 assert resumed is not None
                 return Resumed(**{**resumed.__dict__, "skipped": list(self.skipped)})
+            self.followed = None  # after damage the planner chooses (``Damaged``), not recover.json
             if self.comm.is_coordinator:
                 self._fall_back(candidate, problems)
             self.comm.barrier()
@@ -98,6 +111,40 @@ class Resumption:
             f"inspect {self.store.quarantine_root} and the index; run `ckpt validate --all`",
             ExitCode.NOT_FOUND,
         )
+
+    def run_dir(self) -> Path:
+        """Where ``ckpt recover`` left its decision: ``$CKPT_RUN_DIR`` (``ckpt run`` sets it), else
+        ``CKPT_DIR/run``."""
+        given = os.environ.get(RUN_DIR_ENV)
+        return Path(given) if given else self.store.root / layout.RUN_DIR_NAME
+
+    def _recorded(self) -> Recorded | None:
+        """``ckpt recover``'s decision when it is current for this directory and world size
+        (said on the progress line either way); None: the ranks choose the step themselves."""
+        path = self.run_dir() / RECOVER_NAME
+        recorded = recovery.read_recorded(self.run_dir())
+        if recorded is None:
+            if path.exists():
+                self._say(f"ckpt: {path} is not followed: it holds no decision to resume from; choosing the step here")
+            return None
+        try:
+            latest = self.store.read_latest()
+        except CkptError:
+            latest = None
+        where, facts = recovery.identity(self.store)
+        why = stale_because(recorded, where, latest, facts, self.comm.world_size)
+        if why is not None:
+            self._say(f"ckpt: {path} is not followed ({why}); choosing the step here")
+            return None
+        checked = "hashes" if recorded.hashes_checked else "structure"
+        self._say(
+            f"ckpt: step {recorded.step}, as `ckpt recover` decided ({path}; its {checked} check stands, each file is hash-checked as it loads)"
+        )
+        return recorded
+
+    def _say(self, line: str) -> None:
+        if not self.config.quiet:
+            progress.info(line)
 
     def _candidate(self) -> int | None:
         """The recovery planner's ``Resume``: LATEST's step when it names a committed checkpoint;
@@ -239,6 +286,13 @@ class Resumption:
         reports) checks the mesh fits the model, keeps the global batch and changes it only when
         the run gives another one explicitly."""
         plan = plan_resume(manifest.batch, manifest.layout, manifest.lineage, self.mesh, requested=self.requested)
+        planned = self.followed.reshard.get("new") if self.followed is not None and self.followed.reshard is not None else None
+        if planned is not None and planned != plan.to_json()["new"]:
+            log.warning(
+                "ckpt: the batch split differs from `ckpt recover`'s plan (%s): this run asks for %s (--micro-batch/--global-batch)",
+                planned,
+                plan.to_json()["new"],
+            )
         log.warning(
             "ckpt: resharding step %d from %s to %s: micro-batch %d x grad accumulation %d (was %d x %d), global batch %d (was %d)",
             manifest.step,
