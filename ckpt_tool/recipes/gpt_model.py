@@ -83,15 +83,19 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(c.d_model, c.vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1])))
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
 
 
 def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    logits = model(batch["inputs"])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1))
+    """Cross entropy of the next token; the batch is moved to the model's device (the probe's is stored on the CPU)."""
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    inputs, targets = batch["inputs"].to(device), batch["targets"].to(device)
+    logits = model(inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def shard_model(model: TinyGPT, mesh: DeviceMesh) -> TinyGPT:

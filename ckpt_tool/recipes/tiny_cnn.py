@@ -11,6 +11,9 @@ momentum and weight decay, ``OneCycleLR``, optional fp16 autocast with ``torch.a
 project's ``GlobalSampler`` (``state_dict()``), images generated from each sample's index. One
 JSON line per optimizer step goes to ``--metrics``: loss, eval loss (a fixed batch, eval mode:
 it reads the BatchNorm running statistics), LR, gradient norm, the scaler's scale.
+``--device cpu|cuda|auto`` (``recipes.device``): on CUDA, DDP over NCCL on each rank's GPU, and
+``--amp`` autocasts on CUDA (``--amp-dtype fp16`` with the GradScaler, ``bf16`` without: bf16
+has fp32's range, nothing to scale).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ckpt_tool.core.batch import BatchRequest
 from ckpt_tool.errors import CkptError
+from ckpt_tool.recipes import device as devices
 from ckpt_tool.recipes.data import GlobalSampler, micro_batch_indices
 from ckpt_tool.recipes.faults import before_commit_hook, crash_now
 from ckpt_tool.training.config import CheckpointConfig
@@ -67,7 +71,9 @@ def images(indices: torch.Tensor, seed: int = 1234) -> dict[str, torch.Tensor]:
 
 
 def ce_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return F.cross_entropy(model(batch["x"]), batch["y"])
+    """The batch is moved to the model's device (the probe's is stored on the CPU)."""
+    device = devices.device_of(model)
+    return F.cross_entropy(model(batch["x"].to(device)), batch["y"].to(device))
 
 
 def build_for_verify(world_size: int = 1, mesh: Any = None, **config: Any) -> tuple[nn.Module, Any]:
@@ -83,7 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--metrics", type=Path, required=True)
     p.add_argument("--async-save", action="store_true")
-    p.add_argument("--amp", action="store_true", help="fp16 autocast with a GradScaler")
+    p.add_argument("--amp", action="store_true", help="autocast (--amp-dtype) on the run's device; fp16 with a GradScaler")
+    p.add_argument("--amp-dtype", choices=("fp16", "bf16"), default="fp16", help="with --amp: fp16 (and a GradScaler) or bf16")
+    devices.add_device_option(p)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--global-batch", type=int)
@@ -99,16 +107,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--crash-in-save-at", type=int, help="rank 0 dies with SIGKILL inside this step's save, its files written but not committed, once"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    devices.resolve(p, args)  # --device cuda without CUDA: exit 2 here, before anything starts
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     distributed = "RANK" in os.environ
+    devices.bind(args.device)
     if distributed:
         from ckpt_tool.training.distributed import init_distributed
 
-        init_distributed("gloo")
+        init_distributed(devices.backend(args.device))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     try:
         return train(args, rank, world, distributed)
@@ -123,13 +134,16 @@ def main(argv: list[str] | None = None) -> int:
 def train(args: argparse.Namespace, rank: int, world: int, distributed: bool) -> int:
     # a step the scaler skipped (an overflow) leaves the optimizer unstepped: the schedule still advances
     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+    device = devices.bind(args.device)
     torch.manual_seed(args.seed)
-    net = TinyCNN(args.width, args.dropout)
-    model: nn.Module = DistributedDataParallel(net) if distributed else net
+    net = TinyCNN(args.width, args.dropout).to(device)  # made on the CPU: the same weights on either device
+    on_cuda = device.type == "cuda"
+    model: nn.Module = DistributedDataParallel(net, device_ids=[device.index] if on_cuda else None) if distributed else net
     torch.manual_seed(args.seed * 7919 + 17 * rank + 1)  # one dropout stream per rank, restored on resume
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.steps)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=4, enabled=args.amp)
+    amp_dtype = torch.float16 if args.amp_dtype == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**20, growth_interval=4, enabled=args.amp and amp_dtype == torch.float16)
     sampler = GlobalSampler(args.samples, args.seed)
 
     manager = CheckpointManager(
@@ -152,19 +166,19 @@ def train(args: argparse.Namespace, rank: int, world: int, distributed: bool) ->
     start = manager.resume() or 0
     batch = manager.batch
     assert batch is not None
-    evaluation = images(torch.arange(10_000, 10_032))
+    evaluation = devices.to_device(images(torch.arange(10_000, 10_032)), device)
     metrics = open(args.metrics, "a", encoding="utf-8") if rank == 0 else None
     try:
         for step in range(start + 1, args.steps + 1):
             if rank == 0 and step in args.crash_at_step:
                 crash_now(args.ckpt_dir, step)
             global_batch = sampler.next_global_batch(batch.global_batch)
-            loss_sum = torch.zeros(())
+            loss_sum = torch.zeros((), device=device)
             for m in range(batch.grad_accum):
-                data = images(micro_batch_indices(global_batch, batch, rank, m))
+                data = devices.to_device(images(micro_batch_indices(global_batch, batch, rank, m)), device)
                 last = m == batch.grad_accum - 1
                 sync = model.no_sync() if distributed and not last else contextlib.nullcontext()  # type: ignore[operator]
-                with sync, torch.autocast("cpu", dtype=torch.float16, enabled=args.amp):
+                with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
                     loss = ce_loss(model, data) / batch.grad_accum
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()

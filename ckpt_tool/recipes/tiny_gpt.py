@@ -1,4 +1,4 @@
-"""Reference recipe: a small GPT trained on CPU with FSDP2, optionally tensor parallel x FSDP.
+"""Reference recipe: a small GPT trained with FSDP2 (CPU or CUDA), optionally tensor parallel x FSDP.
 
     torchrun --standalone --nproc-per-node 4 -m ckpt_tool.recipes.tiny_gpt \\
         --ckpt-dir DIR --steps 40 --save-every 10 --metrics metrics.jsonl [--tp 2]
@@ -9,7 +9,8 @@ over ``dp_shard``. AdamW, linear warm-up + cosine LR, gradient clipping, gradien
 a shuffled stream over a deterministic corpus (``data``), partitioned by data-parallel rank. One
 JSON line per optimizer step goes to ``--metrics`` (loss with full float precision), appended
 across restarts; the run resumes from the newest valid checkpoint in ``--ckpt-dir``, on any mesh
-the checkpoint fits (the global batch is kept).
+the checkpoint fits (the global batch is kept). ``--device cpu|cuda|auto`` (``recipes.device``):
+on CUDA each rank takes the GPU of its ``LOCAL_RANK`` and the collectives go over NCCL.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ckpt_tool.core.batch import BatchRequest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
+from ckpt_tool.recipes import device as devices
 from ckpt_tool.recipes.data import Corpus, GlobalSampler, micro_batch_indices, probe_batch
 from ckpt_tool.recipes.faults import before_commit_hook, crash_now, next_faulty_node, node_fault, slow_compute, stall_once
 from ckpt_tool.recipes.gpt_model import GPTConfig, TinyGPT, lm_loss, shard_model
@@ -56,10 +58,11 @@ def lr_lambda(warmup: int, total: int):
     return f
 
 
-def build_model(c: GPTConfig, seed: int, mesh: DeviceMesh | None = None) -> nn.Module:
-    """The same initial weights on every rank, then laid out on ``mesh`` (tensor parallel, FSDP2)."""
+def build_model(c: GPTConfig, seed: int, mesh: DeviceMesh | None = None, device: torch.device | str = "cpu") -> nn.Module:
+    """The same initial weights on every rank and device (made on the CPU, then moved to
+    ``device``), then laid out on ``mesh`` (tensor parallel, FSDP2)."""
     torch.manual_seed(seed)
-    model = TinyGPT(c)
+    model = TinyGPT(c).to(device)
     return shard_model(model, mesh) if mesh is not None else model
 
 
@@ -88,6 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--metrics", type=Path, required=True)
     p.add_argument("--async-save", action="store_true")
+    devices.add_device_option(p)
     p.add_argument("--local-every", type=int, default=0, help="fast tier: save to node-local storage every K steps (0: off)")
     p.add_argument(
         "--local-dir", type=Path, help="fast tier directory (default /dev/shm/ckpt-USER-JOB; $CKPT_LOCAL_DIR overrides per node)"
@@ -142,12 +146,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--save-delay-at", type=int, action="append", default=[], help="with --save-delay: delay only the saves of these steps (repeatable)"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    devices.resolve(p, args)  # --device cuda without CUDA: exit 2 here, before anything starts
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    init_distributed("gloo")
+    devices.bind(args.device)
+    init_distributed(devices.backend(args.device))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         return train(args, rank, world)
@@ -166,10 +173,11 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     # --global-batch given explicitly and different changes it on purpose.
     requested = BatchRequest(args.micro_batch, args.grad_accum, args.global_batch)
     corpus = Corpus(c, args.corpus_tokens, seed=1234)
-    dm = init_dp_tp_mesh(world, args.tp)
+    device = devices.bind(args.device)
+    dm = init_dp_tp_mesh(world, args.tp, device.type)
     # checked before the model is split (--tp 3 with 4 heads is refused with the sizes that fit)
     mesh = run_mesh(dm, world, {"tp": c.tp_limits()})
-    model = build_model(c, args.seed, dm)
+    model = build_model(c, args.seed, dm, device)
     dp_rank = mesh.dp_rank(rank)
     # One RNG stream per data-parallel rank (dropout), restored from the checkpoint on resume:
     # tensor-parallel peers draw the same masks, so replicated activations stay equal across them.
@@ -223,7 +231,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                     stall_once(args.ckpt_dir, step, args.data_stall_s)
                 global_batch = sampler.next_global_batch(batch.global_batch)
                 indices = [micro_batch_indices(global_batch, batch, dp_rank, m) for m in range(batch.grad_accum)]
-                micro_batches = [corpus.batch(i) for i in indices]
+                micro_batches = [devices.to_device(corpus.batch(i), device) for i in indices]
             if samples_log is not None:  # test hook: which samples each rank used at each step
                 samples_log.write(
                     json.dumps(
@@ -234,7 +242,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 samples_log.flush()
             if rank == args.slow_rank and step >= args.slow_from_step:
                 slow_compute(args.slow_ms / 1000)
-            loss_sum = torch.zeros(())
+            loss_sum = torch.zeros((), device=device)
             for data in micro_batches:
                 loss = lm_loss(model, data) / batch.grad_accum
                 loss.backward()
