@@ -1,7 +1,9 @@
 """The one error type of ckpt-tool: a message that says what is wrong and a hint that says what to do.
 
 The CLI turns it into a friendly message in one place (``ckpt_tool.cli.app``); library callers
-can catch it and read ``.message``, ``.hint`` and ``.exit_code``.
+can catch it and read ``.message``, ``.hint`` and ``.exit_code``. Its kinds (``DamageError``,
+``MisfitError``/``NewerFormatError``, ``ConflictError``, ``PermissionDeniedError``,
+``SaveFailedError``) are told apart by type, each with its exit code.
 """
 
 from __future__ import annotations
@@ -52,29 +54,34 @@ class CkptError(Exception):
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
 
-class _Kind(type):
-    """``isinstance(exc, DamageError)`` also holds for a plain ``CkptError`` raised with exit 1:
-    the raisers of damage (store, validation, DCP reads) still say ``CkptError(..., FAILED)``,
-    and the callers that tell damage from the rest ask by type already."""
-
-    def __instancecheck__(cls, obj: object) -> bool:
-        plain = getattr(cls, "_plain_exit_code", None)
-        return type.__instancecheck__(cls, obj) or (plain is not None and type(obj) is CkptError and obj.exit_code == plain)
-
-
-class DamageError(CkptError, metaclass=_Kind):
+class DamageError(CkptError):
     """The checkpoint's bytes are not what was committed (a hash, a size, a torn manifest):
-    quarantine it and fall back to an older one. Exit 1."""
-
-    _plain_exit_code = ExitCode.FAILED
+    quarantine it and fall back to an older one. Exit 1. Every raiser of damage raises this
+    kind; a plain ``CkptError`` with exit 1 is some other failure (a command, a write)."""
 
     def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.FAILED) -> None:
         super().__init__(message, hint, exit_code)
 
 
-class MisfitError(CkptError):
+class ConflictError(CkptError):
+    """Something else holds or changed what this wanted to change: the directory's lock or owner,
+    a step that exists, a prune racing a commit. Not damage, not a disk failure. Exit 4."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.CONFLICT) -> None:
+        super().__init__(message, hint, exit_code)
+
+
+class SaveFailedError(CkptError):
+    """Saves failed (disk full, read-only, permissions, I/O errors); the previous checkpoint is
+    intact. ``ckpt run`` does not restart it: the same disk fails the same way. Exit 78."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.SAVE_FAILED) -> None:
+        super().__init__(message, hint, exit_code)
+
+
+class MisfitError(ConflictError):
     """A sound checkpoint that does not fit this run (world size, shapes, global batch): nothing
-    is moved, an older checkpoint would not fit either. Exit 4."""
+    is moved, an older checkpoint would not fit either. Exit 4 (a conflict with the run)."""
 
     def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.CONFLICT) -> None:
         super().__init__(message, hint, exit_code)

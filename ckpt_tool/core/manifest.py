@@ -18,7 +18,7 @@ from typing import Any
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.layout import DCP_METADATA_NAME, MANIFEST_NAME
 from ckpt_tool.core.mesh import Mesh, UnknownDimension
-from ckpt_tool.errors import CkptError, ExitCode, NewerFormatError
+from ckpt_tool.errors import CkptError, DamageError, ExitCode, NewerFormatError
 
 FORMAT_VERSION = 1
 HASH_ALGO = "xxh3_128"
@@ -140,7 +140,7 @@ class _VersionError(ValueError):
 
 
 def _bad(where: str, detail: str) -> CkptError:
-    return CkptError(f"{where} {detail}", "the checkpoint is damaged: run `ckpt validate` and `ckpt rollback`", ExitCode.FAILED)
+    return DamageError(f"{where} {detail}", "the checkpoint is damaged: run `ckpt validate` and `ckpt rollback`", ExitCode.FAILED)
 
 
 def _int(value: object, name: str, lo: int = 0, hi: int = 1 << 62) -> int:

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.contents import Quarantined, bucket, parse_quarantined, placement
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ConflictError, DamageError, ExitCode
 from ckpt_tool.store.durable import fsync_dir
 from ckpt_tool.store.store import CheckpointStore, ValidationResult
 from ckpt_tool.training.safe_dcp import load_metadata_safely
@@ -30,7 +30,7 @@ def inspect_step(store: CheckpointStore, step: int) -> dict[str, Any]:
         with open(path, "rb") as f:
             metadata = load_metadata_safely(f)
     except FileNotFoundError:
-        raise CkptError(f"{path} is missing", "run `ckpt validate` and `ckpt rollback`", ExitCode.FAILED) from None
+        raise DamageError(f"{path} is missing", "run `ckpt validate` and `ckpt rollback`", ExitCode.FAILED) from None
     entries = []
     for key, md in metadata.state_dict_metadata.items():
         if isinstance(md, TensorStorageMetadata):
@@ -151,7 +151,7 @@ def restore(store: CheckpointStore, which: str, dry_run: bool) -> tuple[Quaranti
         row = pick(quarantined(store), which)
         dest = store.step_path(row.item.step)
         if dest.exists():
-            raise CkptError(
+            raise ConflictError(
                 f"{dest.name} exists in {store.root}: restoring would replace it",
                 "move or prune that step first (`ckpt list` shows its state)",
                 ExitCode.CONFLICT,

@@ -32,7 +32,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ckpt_tool.core.export_plan import ExportEntry, TensorEntry, batches, export_entries, safetensors_header, unsupported_dtypes
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store.durable import fsync_dir
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
@@ -61,7 +61,7 @@ def tensor_table(store: CheckpointStore, step: int) -> tuple[list[TensorEntry], 
         with open(path, "rb") as f:
             metadata = load_metadata_safely(f)
     except FileNotFoundError:
-        raise CkptError(f"{path} is missing", "run `ckpt validate` and `ckpt rollback`", ExitCode.FAILED) from None
+        raise DamageError(f"{path} is missing", "run `ckpt validate` and `ckpt rollback`", ExitCode.FAILED) from None
     tensors, others = [], []
     for key, md in metadata.state_dict_metadata.items():
         if isinstance(md, TensorStorageMetadata):
@@ -72,7 +72,7 @@ def tensor_table(store: CheckpointStore, step: int) -> tuple[list[TensorEntry], 
     held = store.read_manifest(step).total_bytes
     claimed = sum(t.nbytes for t in tensors)
     if claimed > held:
-        raise CkptError(
+        raise DamageError(
             f"step {step}'s metadata describes {claimed} bytes of tensors but its files hold {held}: it was not written by DCP as is",
             "export another step (`ckpt list`), or run `ckpt validate`",
             ExitCode.FAILED,
@@ -91,7 +91,7 @@ def checked(store: CheckpointStore, step: int, threads: int | None = None) -> No
         )
     if not result.ok:
         shown = "; ".join(f"{p.file}: {p.what}" for p in result.problems[:3])
-        raise CkptError(
+        raise DamageError(
             f"step {step} is damaged ({shown}): not exported",
             "export another step (`ckpt list` shows which are valid), or `ckpt rollback --auto`",
             ExitCode.FAILED,

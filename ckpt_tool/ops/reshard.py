@@ -18,7 +18,7 @@ from typing import Any
 from ckpt_tool.core import layout
 from ckpt_tool.core.mesh import Mesh, mesh_for
 from ckpt_tool.core.reshard import ReshardPlan, check_shapes, plan_resume
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import ExitCode, MisfitError
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.safe_dcp import load_metadata_safely
@@ -63,7 +63,7 @@ def check_reshard(
     mesh = mesh_for(world_size, manifest.layout, sizes)
     problems = check_shapes(tensor_shapes(store, step), world_size)
     if problems:
-        raise CkptError(
+        raise MisfitError(
             f"step {step} cannot be sharded over {world_size} ranks: "
             + "; ".join(map(str, problems[:3]))
             + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.errors import CkptError, ExitCode, raised_at
+from ckpt_tool.errors import CkptError, DamageError, ExitCode, raised_at
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.probe import VerifyReport, check_loaded_model
 from ckpt_tool.training.safe_dcp import load_state
@@ -49,7 +49,7 @@ def require_intact_files(store: CheckpointStore, step: int) -> None:
     problems = store.check_files(step, hashes=False).problems
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise CkptError(
+        raise DamageError(
             f"step {step} is damaged, not loaded: {problems[0]}{more}",
             f"`ckpt validate {store.root} --step {step}` lists every problem; `ckpt rollback {store.root} --auto` moves LATEST "
             "to the newest good checkpoint",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.listing import Listing, build_rows, commit_summary, latest_problem, local_rows
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, DamageError, ExitCode
 
 if TYPE_CHECKING:
     from ckpt_tool.store.store import CheckpointStore
@@ -70,19 +70,19 @@ class InspectionMixin:
                 raise CkptError(
                     f"{self.root} has no committed checkpoint yet", "a training run writes LATEST at its first save", ExitCode.NOT_FOUND
                 )
-            raise CkptError(
+            raise DamageError(
                 f"LATEST is missing in {self.root}, which holds committed checkpoints (steps {', '.join(map(str, committed[-10:]))})",
                 repair,
                 ExitCode.FAILED,
             )
         if not self.step_path(latest).is_dir():
-            raise CkptError(
+            raise DamageError(
                 f"LATEST in {self.root} names step {latest}, which is not a committed checkpoint: its directory is missing",
                 repair,
                 ExitCode.FAILED,
             )
         if not (self.step_path(latest) / layout.MANIFEST_NAME).is_file():
-            raise CkptError(
+            raise DamageError(
                 f"LATEST in {self.root} names step {latest}, which is not a committed checkpoint: it has no manifest (damaged)",
                 repair,
                 ExitCode.FAILED,

@@ -18,7 +18,7 @@ from pathlib import Path
 from filelock import BaseFileLock, FileLock, SoftFileLease, Timeout
 
 from ckpt_tool.core import layout
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ConflictError, ExitCode
 from ckpt_tool.store.durable import current_umask
 
 log = logging.getLogger("ckpt_tool")
@@ -80,7 +80,7 @@ class DirectoryLock:
         try:
             lock.acquire()
         except Timeout:
-            raise CkptError(
+            raise ConflictError(
                 f"the lock {self.root / layout.LOCK_NAME} is held by another process for more than {timeout:.0f} s",
                 "another save, prune or rollback is running on this directory; retry when it ends",
                 ExitCode.CONFLICT,

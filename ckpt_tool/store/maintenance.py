@@ -15,7 +15,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.core.index import known_invalid
 from ckpt_tool.core.recovery import Checked, Settle
 from ckpt_tool.core.retention import RetentionPolicy, kept_candidates, steps_to_delete
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ConflictError, ExitCode
 from ckpt_tool.store import recovery
 from ckpt_tool.store.durable import fsync_dir
 
@@ -72,7 +72,7 @@ class MaintenanceMixin:
         with self.changing():
             victims, candidates = self._retention_plan(policy, failed)
             if confirmed not in candidates:
-                raise CkptError(
+                raise ConflictError(
                     f"{self.root} changed while pruning (a new commit or rollback): nothing deleted",
                     "run the prune again",
                     ExitCode.CONFLICT,

@@ -11,7 +11,7 @@ import psutil
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.ownership import Owner, decide, same_claim
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import ConflictError, ExitCode
 from ckpt_tool.store.durable import atomic_write
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class OwnershipMixin:
                 alive = psutil.pid_exists(current.pid)
             decision = decide(current, me, time.time(), stale_after_s, alive, take_over)
             if not decision.allowed:
-                raise CkptError(
+                raise ConflictError(
                     f"{self.root} is being written by {decision.reason}",
                     "two jobs must not share a checkpoint directory: wait for it, use another --ckpt-dir, or take over (take_over=True) if it is dead",
                     ExitCode.CONFLICT,
@@ -63,7 +63,7 @@ class OwnershipMixin:
             return
         current = self._read_owner()  # None: removed by hand or damaged, nobody else claims it
         if current is not None and not same_claim(current, self._claimed_as):
-            raise CkptError(
+            raise ConflictError(
                 f"{self.root} was taken over by {current.describe(time.time())}; this job no longer writes there",
                 "two jobs must not share a checkpoint directory: stop this one, or give it another directory",
                 ExitCode.CONFLICT,

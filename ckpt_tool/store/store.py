@@ -27,7 +27,7 @@ from ckpt_tool.core.index import EventLog, IndexEvent, format_event, parse_index
 from ckpt_tool.core.listing import commit_summary
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.ownership import Owner
-from ckpt_tool.errors import CkptError, ExitCode, PermissionDeniedError
+from ckpt_tool.errors import CkptError, DamageError, ExitCode, PermissionDeniedError
 from ckpt_tool.store.checksums import hash_files
 from ckpt_tool.store.durable import append_line, atomic_write, fsync_dir
 from ckpt_tool.store.inspection import InspectionMixin
@@ -142,7 +142,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         try:
             return layout.parse_pointer(raw.decode())
         except (UnicodeDecodeError, ValueError) as exc:
-            raise CkptError(
+            raise DamageError(
                 f"{path} is damaged: {exc}",
                 f"run `ckpt rollback {self.root} --auto` to point it at the newest valid checkpoint",
                 ExitCode.FAILED,
@@ -175,7 +175,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             except FileNotFoundError:
                 if not self.step_path(step).is_dir():
                     raise self.no_such_step(step) from None
-                raise CkptError(
+                raise DamageError(
                     f"{path} is missing: step {step} was never committed or is damaged",
                     "run `ckpt validate` and `ckpt rollback` to move to a complete checkpoint",
                     ExitCode.FAILED,
@@ -183,13 +183,13 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             except PermissionError:
                 raise self.permission_denied(path) from None
             if len(raw) > MAX_MANIFEST_BYTES:
-                raise CkptError(
+                raise DamageError(
                     f"{path} is larger than {MAX_MANIFEST_BYTES} bytes",
                     "the manifest is damaged or hostile: quarantine it with `ckpt rollback`",
                 )
             manifest = Manifest.from_json(raw, where=str(path))
             if manifest.step != step:
-                raise CkptError(
+                raise DamageError(
                     f"{path} describes step {manifest.step}, not {step}: the manifest was copied from another checkpoint",
                     "run `ckpt rollback` to move to a consistent checkpoint",
                 )
@@ -249,7 +249,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         try:
             manifest = self.read_manifest(step)
         except CkptError as exc:
-            if exc.exit_code != ExitCode.FAILED:
+            if not isinstance(exc, DamageError):  # a missing step, a newer format, no permission
                 raise
             return ValidationResult(step, (Problem(layout.MANIFEST_NAME, "unreadable manifest", "valid manifest", exc.message),), None)
         problems = structure_problems(manifest.files, self.list_entries(step))

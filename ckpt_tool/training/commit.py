@@ -87,7 +87,7 @@ def commit_entries(
             if retention is not None:
                 store.apply_retention(retention, known_good=step)  # hashed as it was written
         except CkptError as exc:  # keeps its hint and exit code (a directory taken over: 4)
-            error = CkptError(f"commit of step {step} failed: {exc.message}", exc.hint, exc.exit_code)
+            error = type(exc)(f"commit of step {step} failed: {exc.message}", exc.hint, exc.exit_code)  # its kind too
         except OSError as exc:
             error = CkptError(
                 f"commit of step {step} failed: {exc}",

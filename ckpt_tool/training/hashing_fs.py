@@ -27,7 +27,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from ckpt_tool.core.manifest import FileEntry
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store.checksums import FileDigest, binding_seed
 from ckpt_tool.timing import span
 
@@ -147,7 +147,7 @@ class HashingFileSystem(FileSystem):
         """The manifest's entry for ``path``; a file it does not list is refused."""
         entry = self.expected.get(path.name) if self.expected is not None else None
         if entry is None:
-            raise CkptError(
+            raise DamageError(
                 f"{path} is not listed in the checkpoint's manifest: refused to load it", "run `ckpt validate` and `ckpt rollback`"
             )
         return entry
@@ -173,7 +173,7 @@ class HashingFileSystem(FileSystem):
     def mismatch(path: Path, entry: FileEntry, size: int, found: str) -> None:
         """Always raises ``CkptError``: ``path`` does not match its manifest entry (``found``: what was
         found besides the size), with the rollback hint."""
-        raise CkptError(
+        raise DamageError(
             f"{path} does not match the manifest (expected {entry.bytes} bytes, hash {entry.hash}; found {size} bytes, {found}): damaged, or copied from another step or run",
             "the checkpoint is damaged: `ckpt rollback --auto` moves to the newest good one",
         )

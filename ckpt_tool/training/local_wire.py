@@ -24,7 +24,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.core.file_checks import DiskEntry, hash_problems, structure_problems
 from ckpt_tool.core.local_tier import step_path
 from ckpt_tool.core.manifest import Manifest, check_file_name
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import DamageError
 from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.durable import directory_replaced
 from ckpt_tool.training.comm import Comm
@@ -61,7 +61,7 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[int, int, dict[str, by
             files[name] = bytes(view[at : at + int(size)])
             at += int(size)
     except (ValueError, KeyError, TypeError, struct.error) as exc:
-        raise CkptError(
+        raise DamageError(
             f"a local checkpoint copy received from a peer is garbled ({exc})", "the copy is dropped; the sender keeps its own"
         ) from None
     return rank, step, files
@@ -77,7 +77,7 @@ def keep(root: Path, data: bytes | bytearray) -> tuple[int, int]:
     problems = structure_problems(manifest.files, {n: DiskEntry(len(b), True) for n, b in files.items()})
     problems += hash_problems(manifest.files, digests)
     if problems:
-        raise CkptError(f"rank {rank}'s local step {step} does not match its manifest: {problems[0]}", "the copy is dropped")
+        raise DamageError(f"rank {rank}'s local step {step} does not match its manifest: {problems[0]}", "the copy is dropped")
     with directory_replaced(Path(step_path(root, rank, step))) as partial:
         for name, blob in files.items():
             (partial / name).write_bytes(blob)

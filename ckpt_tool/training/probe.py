@@ -23,7 +23,7 @@ from ckpt_tool.core.exactness import how_to_reproduce, trajectory_differences
 from ckpt_tool.core.manifest import Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.probe_checks import Check, probe_checks
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
 from ckpt_tool.training.grad_norm import total_norm
@@ -118,7 +118,7 @@ def load_probe_batch(path: Any, process_group: Any = None) -> dict[str, torch.Te
         if key.startswith("probe.") and hasattr(meta, "size"):
             batch[key.removeprefix("probe.")] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if not batch:
-        raise CkptError(
+        raise DamageError(
             f"{path} holds no probe batch", "the checkpoint was saved without a probe: only `ckpt validate` applies", ExitCode.FAILED
         )
     state = {"probe": batch}

@@ -195,7 +195,7 @@ class Resumption:
         except CkptError as exc:
             if isinstance(exc, DamageError):
                 return [exc.message]
-            raise CkptError(f"checkpoint step {step}: {exc.message}", exc.hint, exc.exit_code) from None
+            raise type(exc)(f"checkpoint step {step}: {exc.message}", exc.hint, exc.exit_code) from None
 
     def _load(self, step: int) -> tuple[Resumed | None, list[str]]:
         """Load model, optimizer and this rank's state, every file hash-checked as it is read.
@@ -268,7 +268,7 @@ class Resumption:
         gathered = self.comm.all_gather((problems, mismatch))
         conflicts = [m for _, m in gathered if m is not None]
         if conflicts:  # not damage: no quarantine, no fallback to an older checkpoint
-            raise CkptError(f"checkpoint step {step}: {conflicts[0].message}", conflicts[0].hint, conflicts[0].exit_code)
+            raise type(conflicts[0])(f"checkpoint step {step}: {conflicts[0].message}", conflicts[0].hint, conflicts[0].exit_code)
         return rank_state, sorted({p for rank_problems, _ in gathered for p in rank_problems})
 
     def _batch_same_size(self, manifest: Manifest) -> BatchConfig | None:

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import ReadItem
 
 from ckpt_tool.core.fit import fit_problems
-from ckpt_tool.errors import CkptError, ExitCode, MisfitError
+from ckpt_tool.errors import CkptError, DamageError, ExitCode, MisfitError, PermissionDeniedError
 from ckpt_tool.timing import span
 from ckpt_tool.training.hashing_fs import HashingFileSystem
 
@@ -64,7 +64,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise CkptError(
+        raise DamageError(
             f"refused to load {module}.{name} from checkpoint metadata: it is not a DCP metadata type",
             "the .metadata file is damaged or hostile; do not load it with torch's own reader either: "
             "run `ckpt validate` and `ckpt rollback`",
@@ -79,11 +79,13 @@ def load_metadata_safely(stream: io.BufferedIOBase) -> Metadata:
     except CkptError:
         raise
     except Exception as exc:  # noqa: BLE001 - damaged bytes raise any of pickle's many error types
-        raise CkptError(
+        raise DamageError(
             f"the DCP .metadata is unreadable ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`"
         ) from None
     if not isinstance(metadata, Metadata):
-        raise CkptError(f"the DCP .metadata holds a {type(metadata).__name__}, not DCP Metadata", "run `ckpt validate` and `ckpt rollback`")
+        raise DamageError(
+            f"the DCP .metadata holds a {type(metadata).__name__}, not DCP Metadata", "run `ckpt validate` and `ckpt rollback`"
+        )
     return metadata
 
 
@@ -132,7 +134,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise CkptError(
+            raise DamageError(
                 f"refused to load the checkpoint entry {read_item.dest_index.fqn!r}: it is not plain data ({exc})".splitlines()[0],
                 "the checkpoint is damaged or hostile: run `ckpt validate` and `ckpt rollback`",
             ) from None
@@ -182,7 +184,7 @@ def load_state(
         with (verify_with or FileSystem()).create_stream(metadata_path, "rb") as f:
             load_metadata_safely(f)
     except FileNotFoundError:
-        raise CkptError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
+        raise DamageError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
     if verify_with is not None:
         from ckpt_tool.training.verified_reader import StreamingVerifiedReader
 
@@ -199,14 +201,14 @@ def load_state(
             if isinstance(failure, CkptError):
                 raise failure from None
             if isinstance(failure, PermissionError):
-                raise CkptError(
+                raise PermissionDeniedError(
                     f"permission denied reading {failure.filename or path}: it was not loaded (this is not damage)",
                     "run as the user who owns the checkpoint, or ask them to grant read access",
                     ExitCode.USAGE,
                 ) from None
         first = failures[0] if failures else exc
         text = str(first)
-        raise CkptError(
+        raise DamageError(
             f"loading {path} failed: {type(first).__name__}: {text.splitlines()[0] if text else ''}",
             "run `ckpt validate` and `ckpt rollback`",
         ) from None

@@ -17,7 +17,7 @@ import errno
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ExitCode, SaveFailedError
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,14 @@ def describe(f: SaveFailure) -> CkptError:
         if f.needed is not None:
             room.append(f"this save needed about {human_bytes(f.needed.bytes)} ({f.needed.source})")
         space = "; ".join(r for r in room if r)
-        return CkptError(
+        return SaveFailedError(
             f"saving step {f.step} failed: no space left on device (ENOSPC) in {f.root}" + (f": {space}" if space else ""),
             f"free space there (`ckpt du {f.root}`, `ckpt prune {f.root} --keep-last 1`) or move the checkpoint directory; {kept}",
             ExitCode.SAVE_FAILED,
         )
     where = f" ({f.filename})" if f.filename else ""
     named = f"{f.error_type} [{code}]" if code else f.error_type
-    return CkptError(
+    return SaveFailedError(
         f"saving step {f.step} to {f.root} failed: {named}: {f.error_text}{where}",
         f"check that {f.root} is mounted, writable by this user and healthy; {kept}",
         ExitCode.SAVE_FAILED,
@@ -112,7 +112,7 @@ class FailedSavePolicy:
             why = "no later save would retry it (the final save, or the save before a stop)"
         else:
             why = f"{in_a_row} failed saves in a row (max_failed_saves={self.max_failed})"
-        return CkptError(
+        return SaveFailedError(
             f"{error.message}; stopping: {why}",
             f"{error.hint}; fix the cause, then start the run again (`ckpt run` does not restart on exit code {ExitCode.SAVE_FAILED}: the same disk would fail the same way)",
             ExitCode.SAVE_FAILED,

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import FileEntry, Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.errors import CkptError, ConflictError, ExitCode, SaveFailedError
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.timing import span
 from ckpt_tool.training import state_codec
@@ -94,7 +94,7 @@ class Saver:
         self._rank_bytes = tensor_bytes(dcp_state) + len(rank_json)
         if not self.store.root.is_dir():  # never recreate it: that would start a new, empty history
             self.handle_error(
-                CkptError(
+                SaveFailedError(
                     f"checkpoint directory {self.store.root} vanished (unmounted or deleted?)",
                     "restore or remount it; the previous checkpoints are wherever it went",
                     ExitCode.SAVE_FAILED,
@@ -242,8 +242,8 @@ class Saver:
         Every rank removes it (all of them are done with it when DCP or the commit raises), so
         that each measures the free space without the partial files."""
         self.store.discard_staging(step)
-        if isinstance(exc, CkptError) and exc.exit_code == ExitCode.CONFLICT:  # not a disk problem
-            return CkptError(f"saving step {step} failed: {exc.message}", exc.hint, exc.exit_code)
+        if isinstance(exc, ConflictError):  # not a disk problem (a directory taken over, a lock held)
+            return type(exc)(f"saving step {step} failed: {exc.message}", exc.hint, exc.exit_code)
         cause = root_os_error(exc)
         latest = self.store.latest_or_none()
         shown = cause or first_failure(exc)
@@ -281,7 +281,7 @@ class Saver:
         at the next save); raised when ``max_failed_saves`` came in a row, or when no later save
         would retry (``closing``). What is not a disk failure (a directory taken over, a step
         going back) is raised at once."""
-        if error.exit_code != ExitCode.SAVE_FAILED:
+        if not isinstance(error, SaveFailedError):
             raise error
         self.failed_in_a_row += 1
         if self.policy.stops(self.failed_in_a_row, self.closing):

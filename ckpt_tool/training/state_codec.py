@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import CkptError, DamageError
 
 MAX_INLINE_TENSOR_BYTES = 16 << 20
 _DTYPES = {
@@ -102,9 +102,9 @@ def loads(raw: bytes, where: str) -> dict[str, Any]:
     try:
         state = _decode(json.loads(raw))
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise CkptError(
+        raise DamageError(
             f"{where} is not valid checkpoint state ({type(exc).__name__}: {exc})", "run `ckpt validate` and `ckpt rollback`"
         ) from None
     if not isinstance(state, dict):
-        raise CkptError(f"{where} is not valid checkpoint state (not an object)", "run `ckpt validate` and `ckpt rollback`")
+        raise DamageError(f"{where} is not valid checkpoint state (not an object)", "run `ckpt validate` and `ckpt rollback`")
     return state
