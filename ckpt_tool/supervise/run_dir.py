@@ -1,0 +1,183 @@
+"""The one reader and writer of a run directory (``RUN_DIR``, by default ``CKPT_DIR/run``).
+
+Every file of it (``core.run_catalog.FILES``) is read and written here and nowhere else:
+
+- ``events.jsonl``: ``note`` appends one event (fsynced; a name not in ``core.run_catalog`` and
+  not a user's ``user.NAME`` is refused, nothing written), ``load_events`` reads them back,
+  skipping torn lines (reported by number) and keeping fields it does not know;
+- ``health.json``, ``round_end.json``, ``timeouts.json``: JSON objects with a ``version``,
+  replaced atomically and fsynced (``store.durable.atomic_write``);
+- ``ranks.NODE.json``, ``rank_health.NODE.json``: rewritten every few seconds, replaced
+  atomically without an fsync (``replace_quietly``: they inform, nothing depends on them, and an
+  fsync per write on a shared filesystem costs more than they are worth).
+
+A file written by a newer ckpt-tool (a higher ``version``) is a ``NewerFormatError`` that says
+so; the best-effort readers (ranks, rank health) skip such a file as they skip a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ckpt_tool.core import run_catalog as catalog
+from ckpt_tool.core.index import parse_records
+from ckpt_tool.core.timeouts import DurationLog
+from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.store.durable import append_line, atomic_write, replace_quietly
+
+EVENTS_NAME = catalog.EVENTS_NAME
+HEALTH_NAME = catalog.HEALTH_NAME
+ROUND_END_NAME = catalog.ROUND_END_NAME
+TIMEOUTS_NAME = catalog.TIMEOUTS_NAME
+
+_NOT_A_RUN_DIR = "pass a checkpoint directory (its run/ is used) or a run directory holding events.jsonl"
+
+
+# ----------------------------------------------------------------------------- events.jsonl
+
+
+def note(run_dir: Path, event: str, **data: Any) -> dict[str, Any]:
+    """Append ``event`` with its fields to ``RUN_DIR/events.jsonl`` (fsynced) and return the
+    record. ``event`` must be in ``core.run_catalog.RUN_EVENTS`` or be ``user.NAME``: anything
+    else is a ``CkptError`` (exit 2) and nothing is written."""
+    catalog.check_event_name(event)
+    record = {"time": time.time(), "event": event, **data}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    append_line(run_dir / EVENTS_NAME, json.dumps(record, sort_keys=True, default=str) + "\n")
+    return record
+
+
+def load_events(run_dir: Path) -> tuple[list[dict[str, Any]], tuple[int, ...]]:
+    """The run's events, and the numbers of the lines that are not events (torn, garbage).
+    A run directory that is a file or not readable is a ``CkptError`` (exit 2), not a traceback."""
+    try:
+        with open(run_dir / EVENTS_NAME, encoding="utf-8", errors="replace") as f:
+            return parse_records(f)
+    except FileNotFoundError:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise CkptError(f"{run_dir} is a file, not a run directory", _NOT_A_RUN_DIR, ExitCode.USAGE) from None
+        return [], ()
+    except NotADirectoryError:
+        raise CkptError(f"{run_dir} is not a directory", _NOT_A_RUN_DIR, ExitCode.USAGE) from None
+    except PermissionError:
+        raise CkptError(
+            f"permission denied reading {run_dir / EVENTS_NAME}",
+            "run as the user who owns the run, or ask them to grant read access",
+            ExitCode.USAGE,
+        ) from None
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """``load_events`` without the skipped lines."""
+    return load_events(run_dir)[0]
+
+
+# ----------------------------------------------------------------------------- the JSON files
+
+
+def _write(path: Path, data: Mapping[str, Any], durable: bool = True) -> None:
+    body = (json.dumps(catalog.stamped(path.name, data), indent=1) + "\n").encode()
+    (atomic_write if durable else replace_quietly)(path, body)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The file's object, checked for its version; None when it is absent, unreadable or torn
+    (a writer replaces it whole, so a torn one was written by hand or by a dying disk)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return catalog.check_version(path.name, data, str(path))
+
+
+def write_health(run_dir: Path, ledger: Mapping[str, Any]) -> None:
+    """``health.json``: the ledger's latest fold (``core.health.HealthLedger.to_json``), with the time."""
+    _write(run_dir / HEALTH_NAME, {"time": time.time(), **ledger})
+
+
+def read_health(run_dir: Path) -> dict[str, Any] | None:
+    """``health.json`` as written, or None when there is none (yet)."""
+    return _read(run_dir / HEALTH_NAME)
+
+
+def write_round_end(run_dir: Path, round_id: str, suspects: list[str], by: str, checkpoint_first: bool) -> None:
+    """``round_end.json``: round ``round_id`` ends on every node (``by`` found ``suspects``)."""
+    record = {"round": round_id, "suspects": suspects, "by": by, "time": time.time(), "checkpoint_first": checkpoint_first}
+    _write(run_dir / ROUND_END_NAME, record)
+
+
+def read_round_end(run_dir: Path) -> dict[str, Any] | None:
+    """``round_end.json`` as written (any round), or None."""
+    return _read(run_dir / ROUND_END_NAME)
+
+
+def write_timeouts(run_dir: Path, durations: DurationLog, timeouts: Mapping[str, float]) -> None:
+    """``timeouts.json``: the phase durations observed and the timeouts calibrated from them."""
+    _write(run_dir / TIMEOUTS_NAME, {"durations": durations.to_json(), "timeouts": dict(timeouts)})
+
+
+def read_timeouts(run_dir: Path) -> DurationLog | None:
+    """The phase durations of ``timeouts.json``, or None when it has none (yet) or is torn."""
+    data = _read(run_dir / TIMEOUTS_NAME)
+    return DurationLog.from_json(data.get("durations")) if data is not None else None
+
+
+def write_ranks(run_dir: Path, node: str, attempt: int, ranks: Mapping[int, int]) -> None:
+    """``ranks.NODE.json``: the pid of each rank of this node's current attempt (a rank that
+    started warm runs in a spare process, not below torchrun). Best effort: an error is ignored."""
+    record = {"node": node, "attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}
+    _write(run_dir / catalog.RANKS_PATTERN.format(node=node), record, durable=False)
+
+
+def _each(run_dir: Path, pattern: str) -> list[dict[str, Any]]:
+    """Every node's file of ``pattern``, oldest name first; a torn or newer file is skipped."""
+    out = []
+    for path in sorted(run_dir.glob(pattern.format(node="*"))):
+        try:
+            data = _read(path)
+        except CkptError:
+            continue  # a newer ckpt-tool's: informs, nothing depends on it
+        if data is not None:
+            out.append(data)
+    return out
+
+
+def read_ranks(run_dir: Path) -> dict[int, int]:
+    """Rank -> pid from every node's ``ranks.NODE.json``; {} when there is none (yet)."""
+    out: dict[int, int] = {}
+    for data in _each(run_dir, catalog.RANKS_PATTERN):
+        try:
+            out.update({int(r): int(p) for r, p in data["ranks"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def write_rank_health(run_dir: Path, node: str, table: Mapping[str, Any]) -> None:
+    """``rank_health.NODE.json``: this node's ranks' standing (``RankHealth.table``). Best effort."""
+    _write(run_dir / catalog.RANK_HEALTH_PATTERN.format(node=node), table, durable=False)
+
+
+_NUMBERS = ("step", "wall_s", "compute_s", "wait_s", "score", "individual")
+
+
+def read_rank_health(run_dir: Path) -> list[dict[str, Any]]:
+    """Every node's last written standing (for ``ckpt status``), rows with their node. A file or
+    row that is not what a watchdog writes (hand-edited, truncated, newer) is skipped."""
+    rows = []
+    for data in _each(run_dir, catalog.RANK_HEALTH_PATTERN):
+        try:
+            node, as_of = str(data["node"]), float(data["time"])
+            ranks = list(data["ranks"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        for r in ranks:
+            if isinstance(r, dict) and type(r.get("rank")) is int and all(isinstance(r.get(k), (int, float)) for k in _NUMBERS):
+                rows.append({**r, "node": node, "as_of": as_of})
+    return sorted(rows, key=lambda r: r["rank"])
