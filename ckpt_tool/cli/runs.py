@@ -14,13 +14,13 @@ from ckpt_tool.cli.output import Column, err, escape, out, print_json, print_tab
 from ckpt_tool.cli.targets import locate
 from ckpt_tool.core.health import fold_health
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.supervise.rank_health import read_rank_health
+from ckpt_tool.supervise.run_dir import EVENTS_NAME, read_rank_health
 
 
 def _skipped_note(run_dir: Path, skipped: tuple[int, ...]) -> str | None:
     from ckpt_tool.core.index import EventLog
 
-    return EventLog((), skipped).skipped_note(str(run_dir / "events.jsonl"))
+    return EventLog((), skipped).skipped_note(str(run_dir / EVENTS_NAME))
 
 
 def _job_or_dir(target: str) -> tuple[Path, Path | None, str | None, list[str]]:
@@ -55,7 +55,7 @@ def status(
     """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
     from ckpt_tool.slurm.commands import job_state
     from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.supervise.events import load_events
+    from ckpt_tool.supervise.run_dir import load_events
 
     report: dict[str, Any] = {}
     run_dir, ckpt_dir, job_id, found = _job_or_dir(target)
@@ -197,7 +197,7 @@ def history(
     """The run's timeline: saves, failures, restarts, requeues and rollbacks (and a picture of it: --plot)."""
     from ckpt_tool.core.story import KNOWN_EVENTS, parse_since, select, unknown_events
     from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.supervise.events import load_events
+    from ckpt_tool.supervise.run_dir import load_events
 
     start = parse_since(since, time.time()) if since is not None else None
     if plot is not None:

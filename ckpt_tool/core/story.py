@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ckpt_tool.core.run_catalog import EVENTS, is_user_event
 from ckpt_tool.errors import CkptError, ExitCode
 
 # event -> (kind of mark, how to say it)
@@ -99,22 +100,10 @@ def story(timeline: Sequence[Mapping[str, Any]], metrics: Sequence[tuple[int, fl
 
 # ----------------------------------------------------------------- ckpt history: filter and say
 
-# Every event ckpt-tool writes to a run's events.jsonl or a checkpoint index (``--event`` takes
-# these, and any other name this run's timeline holds).
-KNOWN_EVENTS = tuple(
-    sorted(
-        {
-            *("start", "ranks_started", "resumed", "restored", "finished", "failed", "fatal", "crashed", "exiting", "stopped"),
-            *("rank_exited", "hang", "restarted", "killed_ranks", "crash_loop", "failure_counted", "terminated"),
-            *("stop_requested", "stopped_for_requeue", "round_ending", "round_ended", "nodes_left_behind"),
-            *("straggler", "straggler_cleared", "gpu_idle", "gpu_error", "spares_started", "spares_ready", "local_cleared"),
-            *("submitted", "job_start", "requeue", "requeue_failed", "max_requeues_reached", "excluded", "shrunk"),
-            *("cancelled", "job_finished", "job_failed", "recover", "reshard_plan", "resharded_from"),
-            *("commit", "validated", "verified", "quarantine", "quarantine_purged", "rollback", "delete", "cleanup"),
-            *("roll_forward", "repair_latest", "owner"),
-        }
-    )
-)
+# Every event ckpt-tool writes to a run's events.jsonl or a checkpoint index, from the one catalog
+# (``core.run_catalog``): ``--event`` takes these, any ``user.NAME`` and any other name this run's
+# timeline holds.
+KNOWN_EVENTS = tuple(sorted(EVENTS))
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 SINCE_EXAMPLES = "a duration back from now (45s, 30m, 2h, 1d, 1w) or a local time (2026-12-03 10:00, 2026-12-03)"
@@ -136,7 +125,7 @@ def parse_since(text: str, now: float) -> float:
 def unknown_events(wanted: Sequence[str], timeline: Sequence[Mapping[str, Any]]) -> list[str]:
     """The names of ``--event`` that no part of ckpt-tool writes and this timeline does not hold."""
     known = set(KNOWN_EVENTS) | {str(e.get("event")) for e in timeline}
-    return [w for w in wanted if w not in known]
+    return [w for w in wanted if w not in known and not is_user_event(w)]
 
 
 def select(

@@ -15,7 +15,7 @@ from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, LEAVE_EVENT, NodePlan, 
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import newest_step
 from ckpt_tool.supervise import health
-from ckpt_tool.supervise.events import note, read_events
+from ckpt_tool.supervise.run_dir import note, read_events
 
 
 def decide_nodes(

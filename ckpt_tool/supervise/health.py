@@ -9,20 +9,17 @@ polls for it, so all nodes leave the round together and the batch script can act
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, HealthLedger, fold_health
-from ckpt_tool.store.durable import atomic_write
-from ckpt_tool.supervise.events import read_events
+from ckpt_tool.supervise import run_dir as files
+from ckpt_tool.supervise.run_dir import HEALTH_NAME, ROUND_END_NAME, read_events
 
-HEALTH_NAME = "health.json"
-ROUND_END_NAME = "round_end.json"
+__all__ = ["HEALTH_NAME", "ROUND_END_NAME", "RoundEnd", "RoundWatch", "end_round", "judge_round", "round_ended", "write_ledger"]
 
 
 def node_name() -> str:
@@ -40,8 +37,8 @@ def round_id() -> str:
 
 
 def write_ledger(run_dir: Path, folded: HealthLedger, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> None:
-    data = {"time": time.time(), **folded.to_json(suspect_after)}
-    atomic_write(run_dir / HEALTH_NAME, (json.dumps(data, indent=1) + "\n").encode())
+    """``health.json``: the ledger ``folded`` with its suspects at ``suspect_after`` failures."""
+    files.write_health(run_dir, folded.to_json(suspect_after))
 
 
 def judge_round(run_dir: Path, round_id: str, suspect_after: int) -> list[str]:
@@ -63,17 +60,14 @@ class RoundEnd:
 
 
 def end_round(run_dir: Path, round_id: str, suspects: list[str], by: str, checkpoint_first: bool = False) -> None:
-    record = {"round": round_id, "suspects": suspects, "by": by, "time": time.time(), "checkpoint_first": checkpoint_first}
-    atomic_write(run_dir / ROUND_END_NAME, (json.dumps(record) + "\n").encode())
+    """Write the marker that ends round ``round_id`` on every node (``by``: this node)."""
+    files.write_round_end(run_dir, round_id, suspects, by, checkpoint_first)
 
 
 def round_ended(run_dir: Path, round_id: str) -> RoundEnd | None:
     """How another node's watchdog ended round ``round_id``, or None."""
-    try:
-        record = json.loads((run_dir / ROUND_END_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("round") != round_id:
+    record = files.read_round_end(run_dir)
+    if record is None or record.get("round") != round_id:
         return None
     return RoundEnd([str(n) for n in record.get("suspects") or []], record.get("checkpoint_first") is True)
 

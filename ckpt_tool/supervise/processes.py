@@ -3,14 +3,14 @@ process group misses the ranks: collect the whole tree (by parent links) first, 
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-from pathlib import Path
 
 import psutil
 
-from ckpt_tool.store.durable import replace_quietly
+from ckpt_tool.supervise.run_dir import read_ranks, write_ranks
+
+__all__ = ["alive", "end_launcher", "ignore_usr1", "kill_tree", "read_ranks", "write_ranks"]  # ranks.NODE.json: run_dir's
 
 
 def ignore_usr1() -> None:
@@ -105,22 +105,3 @@ def _ended(p: psutil.Process) -> bool:
         return not alive(p.pid)
     except (psutil.NoSuchProcess, ChildProcessError):
         return True
-
-
-def write_ranks(run_dir: Path, node: str, attempt: int, ranks: dict[int, int]) -> None:
-    """``RUN_DIR/ranks.NODE.json``: the pid of each rank of this node's current attempt (a rank
-    that started warm runs in a spare process, not below torchrun; ``ps`` shows its command).
-    Best effort: it informs, nothing depends on it; every node's ``ckpt run`` writes its own."""
-    record = {"node": node, "attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}
-    replace_quietly(run_dir / f"ranks.{node}.json", json.dumps(record).encode())
-
-
-def read_ranks(run_dir: Path) -> dict[int, int]:
-    """Rank -> pid from every node's ``ranks.NODE.json``; {} when there is none (yet)."""
-    out: dict[int, int] = {}
-    for path in sorted(run_dir.glob("ranks.*.json")):
-        try:
-            out.update({int(r): int(p) for r, p in json.loads(path.read_text())["ranks"].items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return out

@@ -10,17 +10,18 @@ of this node's ranks is written to ``RUN_DIR/rank_health.NODE.json`` for ``ckpt 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from ckpt_tool.core.gpu_health import GpuSample, GpuWatch
+from ckpt_tool.core.run_catalog import RANK_HEALTH_PATTERN
 from ckpt_tool.core.stragglers import RankScore, StepTiming, StragglerDetector, StragglerPolicy
-from ckpt_tool.store.durable import replace_quietly
 from ckpt_tool.supervise.gpu_monitor import GpuReader, device_of_local_rank
+from ckpt_tool.supervise.run_dir import read_rank_health, write_rank_health
 
-HEALTH_FILE = "rank_health.{node}.json"
+__all__ = ["HEALTH_FILE", "RankHealth", "read_rank_health"]
+HEALTH_FILE = RANK_HEALTH_PATTERN
 GPU_EVERY_S = 1.0
 WRITE_EVERY_S = 2.0
 
@@ -29,7 +30,7 @@ Found = list[tuple[str, dict[str, Any]]]
 
 class RankHealth:
     def __init__(self, run_dir: Path, node: str, policy: StragglerPolicy, reader: GpuReader | None, cuda_visible: str | None) -> None:
-        self.path = run_dir / HEALTH_FILE.format(node=node)
+        self.run_dir = run_dir
         self.node = node
         self.detector = StragglerDetector(policy)
         self.reader = reader
@@ -86,29 +87,9 @@ class RankHealth:
 
     def write(self) -> None:
         """Best effort: it informs ``ckpt status``; nothing depends on it."""
-        replace_quietly(self.path, (json.dumps(self.table()) + "\n").encode())
+        write_rank_health(self.run_dir, self.node, self.table())
 
     def close(self) -> None:
         self.write()
         if self.reader is not None:
             self.reader.close()
-
-
-_NUMBERS = ("step", "wall_s", "compute_s", "wait_s", "score", "individual")
-
-
-def read_rank_health(run_dir: Path) -> list[dict[str, Any]]:
-    """Every node's last written standing (for ``ckpt status``), rows with their node. A file or
-    row that is not what a watchdog writes (hand-edited, truncated) is skipped."""
-    rows = []
-    for path in sorted(run_dir.glob(HEALTH_FILE.format(node="*"))):
-        try:
-            data = json.loads(path.read_text())
-            node, as_of = str(data["node"]), float(data["time"])
-            ranks = list(data["ranks"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        for r in ranks:
-            if isinstance(r, dict) and type(r.get("rank")) is int and all(isinstance(r.get(k), (int, float)) for k in _NUMBERS):
-                rows.append({**r, "node": node, "as_of": as_of})
-    return sorted(rows, key=lambda r: r["rank"])

@@ -43,13 +43,12 @@ from ckpt_tool.core.timeouts import DurationLog, calibrate
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.store.store import newest_step
 from ckpt_tool.supervise import channel, health
-from ckpt_tool.supervise.durations import read_durations, write_durations
-from ckpt_tool.supervise.events import note
 from ckpt_tool.supervise.gpu_monitor import open_reader
-from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree, write_ranks
+from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree
 from ckpt_tool.supervise.rank_health import RankHealth
 from ckpt_tool.supervise.rank_reports import RankReports
 from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
+from ckpt_tool.supervise.run_dir import note, read_timeouts, write_ranks, write_timeouts
 from ckpt_tool.supervise.warm_pool import WarmPool
 
 __all__ = ["RunConfig", "Watchdog", "torchrun_argv"]
@@ -107,7 +106,7 @@ class Watchdog:
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        self.durations = read_durations(self.cfg.run_dir) or DurationLog()
+        self.durations = read_timeouts(self.cfg.run_dir) or DurationLog()
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
@@ -136,7 +135,7 @@ class Watchdog:
             self.health_view.close()
             sock.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
-            write_durations(self.cfg.run_dir, self.durations, self.timeouts())
+            write_timeouts(self.cfg.run_dir, self.durations, self.timeouts())
         return code
 
     def _supervise(self, proc: subprocess.Popen, sock: Any) -> int:
