@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test tour test-fast lint bench bench-quick bench-long slurm-up slurm-down clean
+.PHONY: demo test tour test-fast lint bench bench-quick bench-long gpu-check slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -52,6 +52,13 @@ bench-quick: $(STAMP)
 bench-long: $(STAMP)
 	$(PY) bench/crash_campaign.py --trials 200
 	$(PY) bench/goodput_sim.py
+
+## make gpu-check: the GPU check (docs/gpu-check.md), <= 6 min on one GPU; without CUDA: "nothing measured", exit 0 (CI).
+## On the GPU machine (no venv, no network): make gpu-check GPU_PY=python3 GPU_CHECK_ARGS="--out DIR".
+GPU_PY ?= $(PY)
+GPU_CHECK_ARGS ?= --out $(VENV)/gpu-check
+gpu-check: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
+	PYTHONPATH=. $(GPU_PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 slurm-up:
 	bash .ci/slurm-up
