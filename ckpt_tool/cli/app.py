@@ -60,6 +60,7 @@ PASSTHROUGH = {"run": jobs.run, "submit": jobs.submit}
 for _name, _fn in PASSTHROUGH.items():
     app.command(_name, context_settings={"allow_interspersed_args": False}, cls=Command)(_fn)
 app.command("recover", cls=Command)(jobs.recover)
+app.command("job", cls=Command)(jobs.job)
 app.command("note", hidden=True, cls=Command)(jobs.note_cmd)
 app.command("free-port", hidden=True, cls=Command)(jobs.free_port)
 app.command("nodes", cls=Command)(nodes.nodes)

@@ -366,3 +366,79 @@ def free_port() -> None:
     from ckpt_tool.cli.main import free_port as pick
 
     print(pick())
+
+
+def job(
+    command: list[str] = typer.Argument(
+        ..., metavar="COMMAND", help="The training command (after --), as `ckpt submit` got it.", show_default=False
+    ),
+    ckpt_dir: Path = typer.Option(..., "--ckpt-dir", help="The checkpoint directory (the job's CKPT_DIR)."),
+    run_dir: Path | None = run_dir_option("The run's events and the job's records (default: CKPT_DIR/run)."),
+    max_requeues: int = typer.Option(10, "--max-requeues", min=0, help="Requeues at most (SLURM_RESTART_COUNT counts them)."),
+    min_nodes: int = typer.Option(1, "--min-nodes", min=1, help="Fewest nodes to go on with; below it the job requeues."),
+    suspect_after: int = typer.Option(DEFAULT_SUSPECT_AFTER, "--suspect-after", min=1, help="Failures in a row that make a node suspect."),
+    nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Ranks per node."),
+    max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts inside one allocation (ckpt run)."),
+    straggler_suspect: bool = typer.Option(False, "--straggler-suspect", help="ckpt run --straggler-suspect."),
+) -> None:
+    """The batch job of `ckpt submit` (its script execs this): the whole requeue chain, once per start.
+
+    ckpt nodes (give back a node left behind) -> rounds of [ckpt recover -> srun: one `ckpt run`
+    per node]. Exit 0 of a round: finished. USR1 or TERM: ckpt run checkpoints; requeue, unless
+    the TERM came from scancel (stop for good) or --max-requeues is reached. A failed round:
+    ckpt nodes says shrink, requeue excluding the bad nodes, or stop. Every step is a line
+    `[ckpt job=ID restart=N HH:MM:SS] ...` of the job's output and an event in RUN_DIR/events.jsonl.
+    """
+    from ckpt_tool.slurm.chain import RunSpec
+    from ckpt_tool.slurm.job import Job, JobSteps
+
+    if not os.environ.get("SLURM_JOB_ID"):
+        raise CkptError(
+            "ckpt job runs inside a SLURM batch job (SLURM_JOB_ID is not set here)",
+            "submit the training with `ckpt submit --ckpt-dir DIR -- train.py ...`; to train here, use `ckpt run`",
+            ExitCode.USAGE,
+        )
+    runs_in = run_dir_for(run_dir, ckpt_dir)
+    spec = RunSpec(
+        ckpt=(sys.executable, "-m", "ckpt_tool.cli.main"),
+        ckpt_dir=str(ckpt_dir.absolute()),
+        run_dir=str(runs_in.absolute()),
+        command=tuple(command),
+        nproc_per_node=nproc_per_node,
+        max_restarts=max_restarts,
+        suspect_after=suspect_after,
+        min_nodes=min_nodes,
+        straggler_suspect=straggler_suspect,
+    )
+    steps = JobSteps(recover=_recover_step(ckpt_dir, runs_in), nodes=_nodes_step(ckpt_dir, runs_in, min_nodes, suspect_after))
+    raise typer.Exit(Job(spec, steps, max_requeues).run())
+
+
+def _recover_step(ckpt_dir: Path, run_dir: Path) -> Any:
+    """``ckpt recover`` as the job calls it: printed as the command prints, its exit code returned."""
+
+    def step(world_size: int, nodes: int) -> int:
+        try:
+            recover(ckpt_dir=ckpt_dir, run_dir=run_dir, world_size=world_size, nodes=nodes, full=False, as_json=False)
+        except CkptError as exc:
+            err.print(f"[bold red]error:[/] {escape(exc.message)}")
+            if exc.hint:
+                err.print(f"[yellow]hint:[/] {escape(exc.hint)}")
+            return int(exc.exit_code)
+        return 0
+
+    return step
+
+
+def _nodes_step(ckpt_dir: Path, run_dir: Path, min_nodes: int, suspect_after: int) -> Any:
+    """``ckpt nodes --for-script`` as the job calls it: ACTION KEEP DROP EXCLUDE."""
+
+    def step(current: list[str], after_failure: bool) -> tuple[str, str, str, str]:
+        from ckpt_tool.ops.nodes import decide_nodes
+
+        plan = decide_nodes(ckpt_dir, run_dir, current, min_nodes, after_failure, suspect_after)
+        err.print(f"ckpt nodes: {plan.action}: {escape(plan.reason)}")
+        keep, drop, exclude = (",".join(x) or "-" for x in (plan.keep, plan.drop, plan.exclude))
+        return plan.action, keep, drop, exclude
+
+    return step

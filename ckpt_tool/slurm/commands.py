@@ -86,3 +86,71 @@ def job_record(job_id: str) -> tuple[str, str | None] | None:
     except CkptError:
         script = None
     return shown, script
+
+
+# --------------------------------------------------------------------------- the job chain's calls
+# Asked from inside the batch job (slurm.job): each answers (a value, or False/None/"" when
+# scontrol fails or is missing) instead of raising, since the chain decides what a failure means.
+
+
+def available(name: str) -> bool:
+    """Whether ``name`` (scontrol, srun) is on PATH here (a container may lack the SLURM tools)."""
+    return shutil.which(name) is not None
+
+
+def _answer(argv: list[str], timeout: float = 30, cwd: str | None = None) -> str | None:
+    """stdout of ``argv``, or None when it is missing, fails or does not answer in time."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def job_state_reason(job_id: str) -> tuple[str, str]:
+    """JobState and Reason of ``scontrol show job -o JOB`` ("" for what it does not say)."""
+    info = _fields(_answer(["scontrol", "show", "job", "-o", job_id]) or "")
+    return info.get("JobState", ""), info.get("Reason", "")
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """``scontrol show hostnames``: n[1-3] as n1, n2, n3 ([] when scontrol cannot say)."""
+    if not nodelist:
+        return []
+    return (_answer(["scontrol", "show", "hostnames", nodelist]) or "").split()
+
+
+def node_addr(node: str) -> str | None:
+    """The node's NodeAddr (``scontrol show node``), where the rendezvous listens."""
+    return _fields(_answer(["scontrol", "show", "node", node]) or "").get("NodeAddr") or None
+
+
+def requeue(job_id: str) -> bool:
+    """``scontrol requeue JOB``: whether SLURM took it."""
+    return _answer(["scontrol", "requeue", job_id]) is not None
+
+
+def exclude_nodes(job_id: str, nodes: str) -> bool:
+    """``scontrol update JobId=JOB ExcNodeList=NODES``: takes only while the job is pending."""
+    return _answer(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"]) is not None
+
+
+def shrink(job_id: str, keep: str) -> dict[str, str] | None:
+    """``scontrol update JobId=JOB NodeList=KEEP``: the running job gives its other nodes back;
+    returns the variables of the resize script scontrol writes (SLURM_JOB_NODELIST,
+    SLURM_JOB_NUM_NODES... of the smaller job), or None when the update failed."""
+    import tempfile
+    from pathlib import Path
+
+    from ckpt_tool.slurm.chain import parse_resize_script
+
+    with tempfile.TemporaryDirectory(prefix="ckpt-resize-") as folder:
+        if _answer(["scontrol", "update", f"JobId={job_id}", f"NodeList={keep}"], cwd=folder) is None:
+            return None
+        script = Path(folder) / f"slurm_job_{job_id}_resize.sh"
+        try:
+            return parse_resize_script(script.read_text())
+        except OSError:
+            return None

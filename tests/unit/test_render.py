@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
+import re
+import shlex
 import subprocess
+import sys
 from importlib.resources import files
 from pathlib import Path
 
@@ -69,52 +73,53 @@ def test_rendered_script_matches_golden_file(name, kw):
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
-def test_the_script_asks_slurm_for_requeues_and_traps_the_signals_before_it_starts_anything():
-    """The protocol's parts as bash and sbatch read them, not as substrings anywhere (a comment
-    would do): the directives of the header, the traps run at the top level, and the order of
-    the commands (traps, then ckpt recover, then srun, each in the background and waited for)."""
+def test_the_script_asks_slurm_for_requeues_and_hands_every_decision_to_ckpt_job():
+    """The protocol's parts as bash and sbatch read them: the directives of the header (parsed),
+    then only assignments and one ``exec ckpt job``: no line that decides (no trap, test, branch
+    or loop: those are ckpt_tool/slurm/chain.py's), at most 80 lines."""
     lines = render(spec(), TEMPLATE).splitlines()
+    assert len(lines) <= 80
     header = list(itertools.takewhile(lambda line: line.startswith("#SBATCH"), lines[1:]))  # right after the shebang
     directives = dict(line.removeprefix("#SBATCH --").partition("=")[::2] for line in header)
     assert {k: directives.get(k) for k in ("requeue", "open-mode", "signal")} == {
         "requeue": "",
         "open-mode": "append",  # a requeued job appends to its own output
-        "signal": "B:USR1@120",  # USR1 to the batch shell, --signal-lead seconds before the limit
+        "signal": "B:USR1@120",  # USR1 to the batch shell (ckpt job, exec'd), --signal-lead seconds before the limit
     }
-    code = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    top = [line for line in lines if line.startswith("trap ")]  # not indented: run as the script starts
-    assert top == ["trap 'ckpt_on_signal USR1' USR1", "trap 'ckpt_on_signal TERM' TERM"]
-
-    def first(start: str) -> int:
-        return next(i for i, line in enumerate(code) if line.startswith(start))
-
-    recover, srun = first('"${CKPT[@]}" recover '), first("srun ")
-    assert first("trap 'ckpt_on_signal USR1'") < recover < srun
-    for started in (recover, srun):  # in the background, so that a trap runs while it works
-        payload = first_after(code, started, "PAYLOAD=$!")
-        assert code[payload + 1].startswith('wait "$PAYLOAD"'), code[payload : payload + 2]
-    assert any(line.startswith('scontrol requeue "$SLURM_JOB_ID"') for line in code)
-    assert 'RESTART="${SLURM_RESTART_COUNT:-0}"' in code  # the requeue count SLURM keeps
+    code = [line.strip() for line in lines[1:] if line.strip() and not line.lstrip().startswith("#")]
+    exec_at = next(i for i, line in enumerate(code) if line.startswith("exec "))
+    for line in code[:exec_at]:  # NAME=value, export NAME=value, CKPT=(...): nothing runs, nothing branches
+        assert re.fullmatch(r"(export )?[A-Z_]+=[^;&|`$<>]*(  # [^`$]*)?|CKPT=\([^;&|`$<>]*\)", line), line
+    call = shlex.split(" ".join(line.removesuffix("\\") for line in code[exec_at:]))
+    assert call[: call.index("--")] == [
+        "exec", "${CKPT[@]}", "job", "--ckpt-dir", "$CKPT_DIR", "--run-dir", "$RUN_DIR", "--max-requeues", "$MAX_REQUEUES",
+        "--min-nodes", "$MIN_NODES", "--suspect-after", "$SUSPECT_AFTER", "--nproc-per-node", "1", "--max-restarts", "3",
+    ]  # fmt: skip
+    assert not any(line.startswith("trap ") for line in code)
 
 
-def first_after(lines: list[str], start: int, text: str) -> int:
-    """The index of the first line from ``start`` on that starts with ``text``."""
-    return next(i for i in range(start, len(lines)) if lines[i].startswith(text))
+def run_script(script: str, tmp_path: Path) -> dict:
+    """Run the rendered script in bash with ``ckpt`` replaced by a recorder: the argv and
+    CKPT_DIR that ``ckpt job`` gets, without SLURM, srun or ckpt."""
+    out = tmp_path / "argv.json"
+    recorder = f"import json, os, sys; json.dump({{'argv': sys.argv[1:], 'CKPT_DIR': os.environ['CKPT_DIR']}}, open({str(out)!r}, 'w'))"
+    baked = " ".join(shlex.quote(a) for a in spec().ckpt)  # the script's CKPT=(...) value
+    assert baked in script
+    subprocess.run(["bash", "-c", script.replace(baked, shlex.join([sys.executable, "-c", recorder]), 1)], check=True, timeout=30)
+    return json.loads(out.read_text())
+
+
+def test_the_script_execs_ckpt_job_with_the_jobs_values(tmp_path):
+    got = run_script(render(spec(nodes=3, min_nodes=2, straggler_suspect=True, max_requeues=4), TEMPLATE), tmp_path)
+    assert got["argv"] == [
+        "job", "--ckpt-dir", "/shared/ckpts/run42", "--run-dir", "/shared/ckpts/run42/run", "--max-requeues", "4",
+        "--min-nodes", "2", "--suspect-after", "2", "--nproc-per-node", "1", "--max-restarts", "3", "--straggler-suspect",
+        "--", "-m", "ckpt_tool.recipes.tiny_gpt", "--steps", "40",
+    ]  # fmt: skip
+    assert got["CKPT_DIR"] == "/shared/ckpts/run42"
 
 
 HOSTILE = ["it's", 'say "hi"', "$(touch {marker})", "`touch {marker}`", "a;touch {marker}", "line1\nline2", "*", "~root", "$HOME"]
-
-
-def shell_values(script: str, marker: Path) -> tuple[list[str], str, str]:
-    """Run the assignments and the training command line of the script in bash; return what
-    bash sees, without running srun, ckpt or SLURM."""
-    start = script.index("CKPT=(")
-    assignments = script[start : script.index("ckpt_log()", start)]
-    srun = script[script.index("srun ") :]
-    command = srun[srun.index("-- ") + 3 : srun.index(" &\n")]
-    probe = f"{assignments}\nprintf '%s\\0' \"$CKPT_DIR\" \"$RUN_DIR\"\nprintf '%s\\0' {command}\n"
-    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split("\0")
-    return out[2:-1], out[0], out[1]
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
@@ -126,9 +131,10 @@ def test_hostile_paths_and_args_end_up_inert(tmp_path, hostile):
         command=("train.py", "--name", value, value), ckpt_dir=f"/data/{folder}/ck", run_dir=f"/data/{folder}/run", env=(("TAG", value),)
     )
     script = render(s, TEMPLATE)
-    args, ckpt_dir, run_dir = shell_values(script, marker)
-    assert args == ["train.py", "--name", value, value]
-    assert (ckpt_dir, run_dir) == (f"/data/{folder}/ck", f"/data/{folder}/run")
+    got = run_script(script, tmp_path)
+    argv = got["argv"]
+    assert argv[argv.index("--") + 1 :] == ["train.py", "--name", value, value]
+    assert (got["CKPT_DIR"], argv[argv.index("--run-dir") + 1]) == (f"/data/{folder}/ck", f"/data/{folder}/run")
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert not marker.exists()
 
@@ -178,7 +184,14 @@ def test_min_nodes_renders_a_node_range_and_is_checked():
             spec(nodes=3, min_nodes=bad)
 
 
-def test_straggler_suspect_is_passed_to_every_nodes_ckpt_run():
-    line = next(s for s in render(spec(straggler_suspect=True), TEMPLATE).splitlines() if "--max-restarts" in s)
-    assert '--suspect-after "$SUSPECT_AFTER" --straggler-suspect --ckpt-dir' in line
+def test_straggler_suspect_is_passed_to_every_nodes_ckpt_run(tmp_path):
+    from ckpt_tool.slurm.chain import RunSpec, srun_argv
+
+    argv = run_script(render(spec(straggler_suspect=True), TEMPLATE), tmp_path)["argv"]
+    assert "--straggler-suspect" in argv[: argv.index("--")]
+    run = RunSpec(
+        ckpt=("ckpt",), ckpt_dir="/c", run_dir="/c/run", command=("train.py",), straggler_suspect=argv.count("--straggler-suspect") == 1
+    )
+    srun = srun_argv(run, "7", 0, 0, 2, "n1:29500")
+    assert srun[srun.index("--suspect-after") : srun.index("--ckpt-dir")] == ["--suspect-after", "3", "--straggler-suspect"]
     assert "--straggler-suspect" not in render(spec(), TEMPLATE)

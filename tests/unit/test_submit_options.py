@@ -29,11 +29,11 @@ def test_cpus_default_to_one_per_rank_and_mem_is_passed(capsys, tmp_path):
     assert code == 0 and "#SBATCH --cpus-per-task=96" in out
 
 
-def test_the_script_exports_ckpt_dir_and_asks_the_os_for_a_rendezvous_port(capsys, tmp_path):
+def test_the_script_exports_ckpt_dir_and_hands_over_to_ckpt_job(capsys, tmp_path):
     code, out, _ = submit(capsys, tmp_path, "--", "train.py")
     assert code == 0
     assert f"export CKPT_DIR={tmp_path / 'ckpts'}" in out
-    assert 'RDZV_PORT=$("${CKPT[@]}" free-port)' in out
+    assert 'exec "${CKPT[@]}" job ' in out  # which asks the OS for a rendezvous port (tests/unit/test_chain_driver.py)
     assert '--ckpt-dir "$CKPT_DIR"' in out
 
 

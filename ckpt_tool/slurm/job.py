@@ -1,0 +1,215 @@
+"""The job chain's driver: the process SLURM signals, carrying out what ``slurm.chain`` decides.
+
+The batch script ``exec``s ``ckpt job``, so USR1 (``--signal=B:USR1@T``) and TERM (scancel, the
+time limit, a preemption, our own requeue) reach this process. The handlers only record the
+signal (a ``SimpleQueue.put``, safe in a handler); the main thread is always waiting on that
+queue, never on a child, so a signal is decided within milliseconds whatever runs: ``ckpt
+recover`` in a thread, srun as a child watched by a thread, the background ExcNodeList retries
+in a thread whose children never see TERM (it is blocked there, and a blocked mask is inherited).
+
+Every action is one call: the event log (``supervise.events.note``), a log line
+``[ckpt job=ID restart=N HH:MM:SS] ...`` on stdout (the job's output; tests and users grep
+these words), scontrol through ``slurm.commands``, and the two steps the CLI hands in as
+``JobSteps`` (``ckpt recover`` and ``ckpt nodes``, called in this process).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ckpt_tool.slurm import chain, commands
+from ckpt_tool.slurm.chain import ChainConfig, ChainState, RunSpec
+from ckpt_tool.supervise.events import note
+
+SIGNALS = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM"}
+EXCLUDE_TRIES, EXCLUDE_PAUSE_S = 40, 0.5  # ~20 s of retries, within a requeued job's KillWait at most
+
+
+@dataclass(frozen=True)
+class JobSteps:
+    """The chain's two ckpt steps, as the CLI runs them (they print what ``ckpt recover`` and
+    ``ckpt nodes`` print). ``recover(world_size, nodes) -> exit code``; ``nodes(current,
+    after_failure) -> (ACTION, KEEP, DROP, EXCLUDE)``, raising when it cannot decide."""
+
+    recover: Callable[[int, int], int]
+    nodes: Callable[[list[str], bool], tuple[str, str, str, str]]
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the rendezvous runs on the first node: this one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class Job:
+    """One start of the batch job: ``run()`` returns the batch script's exit code."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        steps: JobSteps,
+        max_requeues: int,
+        env: MutableMapping[str, str] | None = None,
+        out: TextIO | None = None,
+    ) -> None:
+        self.spec = spec
+        self.steps = steps
+        self.env = dict(os.environ if env is None else env)
+        self.out = out or sys.stdout
+        self.run_dir = Path(spec.run_dir)
+        self.job_id = self.env.get("SLURM_JOB_ID", "")
+        restart = self.env.get("SLURM_RESTART_COUNT", "0")
+        self.config = ChainConfig(
+            job_id=self.job_id,
+            restart=int(restart) if restart.isdigit() else 0,
+            max_requeues=max_requeues,
+            min_nodes=spec.min_nodes,
+            scontrol=commands.available("scontrol"),
+        )
+        self._events: queue.SimpleQueue[chain.Event] = queue.SimpleQueue()
+        self._payload: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        """Install the handlers, then decide and act until the chain says exit."""
+        for signum in SIGNALS:
+            signal.signal(signum, self._on_signal)
+        state = ChainState()
+        pending: deque[chain.Event] = deque([chain.Started(self.env.get("SLURM_JOB_NODELIST", ""))])
+        while True:
+            event = pending.popleft() if pending else self._next_event()
+            state, actions = chain.step(self.config, state, event)
+            for action in actions:
+                if isinstance(action, chain.Exit):
+                    return action.code
+                answer = self._do(action)
+                if answer is not None:
+                    pending.append(answer)
+
+    # ------------------------------------------------------------------ signals and waiting
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._events.put(chain.SignalArrived(SIGNALS[signal.Signals(signum)]))
+
+    def _next_event(self) -> chain.Event:
+        while True:
+            try:
+                return self._events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+
+    def _in_thread(self, work: Callable[[], chain.Event], crashed: chain.Event, block_term: bool = False) -> None:
+        """Run ``work`` in a thread; its answer (``crashed`` if it raised) goes on the queue."""
+
+        def body() -> None:
+            if block_term:  # inherited by the scontrol it starts: the requeue's TERM kills none of them
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                event = work()
+            except Exception:  # noqa: BLE001 - a step that crashed answers as failed
+                traceback.print_exc()
+                event = crashed
+            self._events.put(event)
+
+        threading.Thread(target=body, daemon=True).start()
+
+    # ------------------------------------------------------------------ actions
+    def log(self, text: str) -> None:
+        """One line of the job's output, as the batch script wrote it."""
+        print(f"[ckpt job={self.job_id} restart={self.config.restart} {time.strftime('%H:%M:%S')}] {text}", file=self.out, flush=True)
+
+    def _do(self, action: chain.Action) -> chain.Event | None:
+        if isinstance(action, chain.Log):
+            self.log(action.text)
+        elif isinstance(action, chain.Note):
+            try:
+                note(self.run_dir, action.event, **dict(action.fields))
+            except OSError as exc:
+                self.log(f"cannot write the event {action.event} to {self.run_dir}: {exc.strerror or exc}")
+        elif isinstance(action, chain.ForwardStop):
+            payload = self._payload
+            if payload is not None and payload.returncode is None:
+                try:
+                    payload.send_signal(signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        elif isinstance(action, chain.AskSlurm):
+            return chain.SlurmSaid(*commands.job_state_reason(self.job_id))
+        elif isinstance(action, chain.AskNodes):
+            return self._ask_nodes(action.after_failure)
+        elif isinstance(action, chain.StartRecover):
+            n = self._num_nodes()
+            self._in_thread(lambda: chain.RecoverExited(self.steps.recover(n * self.spec.nproc_per_node, n)), chain.RecoverExited(1))
+        elif isinstance(action, chain.StartRun):
+            self._start_run(action.round)
+        elif isinstance(action, chain.Shrink):
+            return self._shrink(action.keep)
+        elif isinstance(action, chain.Requeue):
+            return chain.RequeueDone(commands.requeue(self.job_id))
+        elif isinstance(action, chain.Exclude):
+            self._in_thread(lambda: self._exclude(action.nodes), chain.ExcludeDone(False), block_term=True)
+        return None
+
+    def _num_nodes(self) -> int:
+        value = self.env.get("SLURM_JOB_NUM_NODES", "1")
+        return int(value) if value.isdigit() else 1
+
+    def _nodes_now(self) -> list[str]:
+        nodelist = self.env.get("SLURM_JOB_NODELIST", "")
+        return commands.hostnames(nodelist) or [n for n in nodelist.split(",") if n]
+
+    def _ask_nodes(self, after_failure: bool) -> chain.Event:
+        try:
+            return chain.NodesSaid(*self.steps.nodes(self._nodes_now(), after_failure))
+        except Exception as exc:  # noqa: BLE001 - ckpt nodes failing has its fallback in the chain
+            print(f"error: ckpt nodes: {getattr(exc, 'message', exc)}", file=sys.stderr, flush=True)
+            return chain.NodesSaid(None)
+
+    def _start_run(self, round_: int) -> None:
+        nodes = self._nodes_now()
+        head = nodes[0] if nodes else socket.gethostname()
+        endpoint = f"{commands.node_addr(head) or head}:{free_port()}"
+        n, nodelist = self._num_nodes(), self.env.get("SLURM_JOB_NODELIST", "")
+        self.log(f"round {round_}: starting ckpt run on {n} node(s) ({nodelist}), rendezvous {endpoint}")
+        argv = chain.srun_argv(self.spec, self.job_id, self.config.restart, round_, n, endpoint)
+        try:
+            payload = subprocess.Popen(argv, env=self.env)
+        except OSError as exc:
+            self.log(f"cannot start srun: {exc.strerror or exc}")
+            self._events.put(chain.RunExited(127))
+            return
+        self._payload = payload
+
+        def wait() -> chain.Event:
+            return chain.RunExited(chain.exit_status(payload.wait()))
+
+        self._in_thread(wait, chain.RunExited(1))
+
+    def _shrink(self, keep: str) -> chain.Event:
+        resized = commands.shrink(self.job_id, keep)
+        if resized is None:
+            return chain.ShrinkDone(None)
+        self.env.update(resized)  # SLURM_JOB_NODELIST, SLURM_JOB_NUM_NODES... of the smaller job
+        return chain.ShrinkDone(self.env.get("SLURM_JOB_NODELIST", keep), self.env.get("SLURM_JOB_NUM_NODES", str(len(keep.split(",")))))
+
+    def _exclude(self, nodes: str) -> chain.Event:
+        # Only a pending job takes ExcNodeList. Requeued at its start the job is pending at once;
+        # after steps it stays completing while this process lives and the update may not take.
+        # Then the next start gives the node back before training (ckpt nodes at every start).
+        for _ in range(EXCLUDE_TRIES):
+            if commands.exclude_nodes(self.job_id, nodes):
+                return chain.ExcludeDone(True)
+            time.sleep(EXCLUDE_PAUSE_S)
+        return chain.ExcludeDone(False)
