@@ -54,7 +54,7 @@ FILES: tuple[RunFile, ...] = (
             "the health ledger's latest fold: failures charged to each node, the suspects"),
     RunFile(ROUND_END_NAME, 1, "ckpt run (the node whose watchdog finds a suspect)", "every node's ckpt run of the round",
             "the marker that ends a round on every node: its round id, the suspects, whether a checkpoint comes first"),
-    RunFile(TIMEOUTS_NAME, 1, "ckpt run (at exit)", "ckpt run (at its next start), ckpt submit (signal lead), ckpt plan",
+    RunFile(TIMEOUTS_NAME, 1, "ckpt run (at exit)", "ckpt run (at its next start), ckpt submit (the signal lead)",
             "the phase durations observed and the timeouts calibrated from them, kept across restarts"),
     RunFile(RANKS_PATTERN, 1, "ckpt run (each node its own, at each rank's first beat)", "the recipes' fault injection, people (ps)",
             "the pid of each rank of the node's current attempt"),
