@@ -47,7 +47,7 @@ class RunFile:
 
 
 FILES: tuple[RunFile, ...] = (
-    RunFile(EVENTS_NAME, 1, "ckpt run, ckpt recover, ckpt nodes, ckpt submit, the batch script (ckpt note)",
+    RunFile(EVENTS_NAME, 1, "ckpt run, ckpt recover, ckpt nodes, ckpt submit, ckpt job, ckpt note (a user's user.NAME)",
             "ckpt status, ckpt history, ckpt nodes, ckpt recover, the watchdog (health ledger), ckpt history --plot",
             "the run's event log: one JSON object per line, appended and fsynced (events below)"),
     RunFile(HEALTH_NAME, 1, "ckpt run (after each failure), ckpt nodes", "people and tools (ckpt status folds the events itself)",
@@ -120,7 +120,7 @@ class EventSpec:
 
 
 _W = "ckpt run"
-_S = "the batch script (ckpt note)"
+_S = "ckpt job (the batch script's chain)"
 RUN_EVENTS: tuple[EventSpec, ...] = (
     # ckpt run: the watchdog
     EventSpec("start", (*RUN, "argv", "timeouts", "gpu_monitor"), _W, "ckpt run started torchrun on this node"),
@@ -148,7 +148,7 @@ RUN_EVENTS: tuple[EventSpec, ...] = (
               "a rank stays slower than its peers (once per episode)"),
     EventSpec("straggler_cleared", (*RUN, "rank", "phase", "step", "time_s", "peers_median_s", "slower_x", "score", "steps_below"), _W,
               "a straggling rank keeps up again"),
-    EventSpec("gpu_idle", (*RUN, "rank", "gpu", "util", "peers_util", "samples"), _W, "a rank's GPU idles while its peers' work"),
+    EventSpec("gpu_idle", (*RUN, "rank", "gpu", "util", "peers_util", "samples"), _W, "a rank's GPU idles while its peers work"),
     EventSpec("gpu_error", (*RUN, "rank", "gpu", "xids", "ecc_uncorrected_new", "suspect"), _W,
               "a GPU reported an uncorrected ECC error or a critical XID: its node is suspect"),
     EventSpec("spares_started", (*RUN, "count"), _W, "spare rank processes are being pre-warmed"),
@@ -161,7 +161,7 @@ RUN_EVENTS: tuple[EventSpec, ...] = (
     EventSpec("nodes_left_behind", ("action", "drop", "keep", "reason", "checkpoint"), "ckpt nodes",
               "suspect nodes are left behind: shrink to the rest or requeue without them"),
     EventSpec("submitted", ("job_id", "script", "via"), "ckpt submit", "the job was submitted (script: its sbatch file; via: the Python API)"),
-    # the batch script: `ckpt note` (names and fields as slurm_templates/train.sbatch.tmpl writes them)
+    # the job chain, `ckpt job` (slurm/chain.py: the names and fields the batch script wrote with `ckpt note`)
     EventSpec("job_start", ("job_id", "restarts", "nodes"), _S, "the batch script started (first start or a requeue)"),
     EventSpec("shrunk", ("dropped", "nodes", "num_nodes"), _S, "the job goes on without the dropped nodes (same global batch)"),
     EventSpec("excluded", ("nodes",), _S, "the requeued job will avoid these nodes (ExcNodeList)"),
