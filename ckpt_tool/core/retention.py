@@ -8,13 +8,14 @@ Pure. Rules (the store applies them only after a newer checkpoint is committed):
 - never delete the step LATEST names, even if it is older than others (after a rollback the
   newer ones are quarantined, not deleted), nor anything newer than LATEST;
 - quarantined checkpoints are not in the candidate list at all: they live in ``quarantine/``.
-The store adds the last rule that needs the disk: a delete happens only while a kept checkpoint
-is known to pass validation (the one just committed, or one validated right before deleting).
+- a delete happens only while a kept checkpoint is known to pass validation (the one just
+  committed, or one validated right before deleting): ``plan_prune`` says which step to validate
+  and, once one passes, what to delete; ``store.prune`` validates and deletes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -59,3 +60,55 @@ def kept_candidates(committed: Iterable[int], victims: Collection[int], invalid:
     """The kept steps that may vouch for the directory (not known invalid), newest first: one
     of them must pass validation before anything is deleted."""
     return sorted((s for s in set(committed) if s not in victims and s not in invalid), reverse=True)
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """Retention's decision. ``victims``: steps to delete, oldest first. ``vouched``: the kept step
+    known to pass validation that allows the deletes. ``check`` set: validate that step and plan
+    again (the plan is not final); neither set while there are victims: nothing vouches for the
+    directory and nothing may be deleted."""
+
+    victims: tuple[int, ...]
+    vouched: int | None = None
+    check: int | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """Deletes may happen: there are victims and a kept step vouches for the directory."""
+        return bool(self.victims) and self.vouched is not None
+
+
+def plan_prune(
+    committed: Iterable[int],
+    latest: int | None,
+    policy: RetentionPolicy,
+    invalid: Collection[int] = (),
+    known_good: int | None = None,
+    checks: Mapping[int, bool] | None = None,
+) -> PrunePlan:
+    """Which steps to delete and which kept step vouches for it, given the steps validated so far.
+
+    ``known_good``: a step known to pass without a check (the one just committed, hashed as it
+    was written). ``checks``: step -> passed, from validations made for this prune. A kept step
+    that fails no longer counts (it is treated as ``invalid``), so the plan changes: older valid
+    steps are kept in its place and the newest kept one not yet judged is asked for (``check``).
+    No LATEST: nothing is deleted (a damaged pointer is repaired first). ``invalid`` only ever
+    adds keeps: a plan without victims stays so whatever the index says (callers may skip
+    reading it)."""
+    checks = checks or {}
+    if latest is None:
+        return PrunePlan(())
+    bad = set(invalid) | {s for s, ok in checks.items() if not ok}
+    victims = steps_to_delete(committed, latest, policy, bad)
+    if not victims:
+        return PrunePlan(())
+    candidates = kept_candidates(committed, victims, bad)
+    if known_good in candidates:
+        return PrunePlan(tuple(victims), vouched=known_good)
+    if not candidates:
+        return PrunePlan(tuple(victims))
+    newest = candidates[0]  # the failed ones are no longer candidates: judged here means passed
+    if newest in checks:
+        return PrunePlan(tuple(victims), vouched=newest)
+    return PrunePlan(tuple(victims), check=newest)
