@@ -7,10 +7,10 @@ copy of the template manifest with ``step`` (and ``created_at``) rewritten, plus
 line per step in ``index.jsonl`` (``ckpt_tool.core.index.format_event`` of
 ``ckpt_tool.core.listing.commit_summary``, as ``CheckpointStore.commit`` writes it) and LATEST
 naming the newest. The step directories hold no data files: listing never opens them
-(``CheckpointStore.listing()`` lists the directory, checks each step's manifest exists, and reads
+(``store.inventory.listing()`` lists the directory, checks each step's manifest exists, and reads
 the index; manifests only for steps the index does not describe).
 
-Timed: ``CheckpointStore(dir).listing()`` in process (median of repetitions, the two sizes
+Timed: ``listing(CheckpointStore(dir))`` in process (median of repetitions, the two sizes
 alternating; warm caches), once more after ``drop_caches=3`` (cold, info), and ``ckpt list DIR
 --json`` as a subprocess (wall time: interpreter start, imports, JSON printing), the sizes
 alternating. Every listing must return one committed row per step. Targets: at 10,000
@@ -70,10 +70,11 @@ def check_rows(rows: list[Any], count: int) -> None:
 
 
 def timed_rows(directory: Path, count: int) -> float:
-    """Seconds of ``CheckpointStore(dir).listing()`` alone (the check of its result is not timed)."""
+    """Seconds of ``listing(CheckpointStore(dir))`` alone (the check of its result is not timed)."""
+    from ckpt_tool.store.inventory import listing
     from ckpt_tool.store.store import CheckpointStore
 
-    seconds, rows = common.timed(lambda: CheckpointStore(directory).listing().rows)
+    seconds, rows = common.timed(lambda: listing(CheckpointStore(directory)).rows)
     check_rows(rows, count)
     return seconds
 
@@ -108,9 +109,9 @@ def measure(dirs: dict[int, Path], reps: int, cold_runs: int, cli_reps: int) -> 
 def report(times: dict[str, dict[int, list[float]]], small: int, large: int, build_s: float, index_bytes: int) -> Result:
     result = Result("7", f"`ckpt list` with {small} vs {large:,} committed checkpoints (seconds)")
     specs = (
-        ("rows", f"CheckpointStore.listing(), {large:,} checkpoints", ROWS_TARGET_S),
+        ("rows", f"store.inventory.listing(), {large:,} checkpoints", ROWS_TARGET_S),
         ("cli", f"`ckpt list DIR --json` wall time, {large:,} checkpoints", CLI_TARGET_S),
-        ("rows_cold", f"CheckpointStore.listing() after drop_caches, {large:,} checkpoints (info)", None),
+        ("rows_cold", f"store.inventory.listing() after drop_caches, {large:,} checkpoints (info)", None),
     )
     for key, label, bound in specs:
         big, ref = Stats.of(times[key][large]), Stats.of(times[key][small])

@@ -100,12 +100,13 @@ def prune(
         return result.ok
 
     from ckpt_tool.core.index import known_invalid
+    from ckpt_tool.store.prune import prune as prune_store  # this command is `prune` too
 
     latest = store.read_latest()
     if latest is None and store.committed_on_disk():
         store.require_latest()  # retention keeps everything without LATEST: say why and how to repair it
     invalid = sorted(known_invalid(store.events()) & set(store.committed_on_disk()))  # before this prune's own checks
-    victims = store.apply_retention(RetentionPolicy(keep_last, keep_every), dry_run=dry_run, confirm=confirm)
+    victims = prune_store(store, RetentionPolicy(keep_last, keep_every), dry_run=dry_run, confirm=confirm)
     if as_json:
         print_json(
             {

@@ -45,7 +45,9 @@ def list_checkpoints(
         step = store.require_latest()
         print_json({"step": step}) if as_json else print(step)
         return
-    listing = store.listing()
+    from ckpt_tool.store.inventory import listing as take_listing  # the store: only for the commands that read it
+
+    listing = take_listing(store)
     if not listing.rows:
         raise CkptError(
             f"{directory} holds no checkpoint yet",

@@ -10,6 +10,7 @@ the order in which steps are checked is the planner's too. The executor carries 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -130,6 +131,16 @@ class MoveLatest:
 Action = Remove | Quarantine | MoveLatest
 
 
+class Refusal(enum.Enum):
+    """Why a rollback has nowhere to go; the executor says it in the user's words (with the
+    steps there are, and the command to run next)."""
+
+    NO_CHECKPOINT = "no committed checkpoint"  # nothing committed at all
+    NO_SUCH_STEP = "no such step"  # ``Rollback.to`` has no step directory
+    NOT_COMMITTED = "not committed"  # ``Rollback.to`` has a directory but no manifest
+    NONE_VALID = "no valid checkpoint to roll back to"  # every candidate failed its check
+
+
 @dataclass(frozen=True)
 class RecoveryPlan:
     """One decision. ``check`` set: judge that step and plan again (the plan is not final).
@@ -141,6 +152,7 @@ class RecoveryPlan:
     check: int | None = None
     tried: tuple[int, ...] = ()  # steps judged and failed, in the order they were checked
     problem: str | None = None  # why there is no step, when that is an error
+    refused: Refusal | None = None  # a rollback's ``problem``, as a kind the executor words
 
     @property
     def quarantined(self) -> tuple[int, ...]:
@@ -193,8 +205,16 @@ def _settle(view: StoreView, intent: Settle, checks: Mapping[int, Checked]) -> R
     return RecoveryPlan(latest, tuple(actions), tried=tuple(s for s, c in checks.items() if not c.ok))
 
 
+def _refuse(why: Refusal, tried: Iterable[int] = ()) -> RecoveryPlan:
+    return RecoveryPlan(None, tried=tuple(tried), problem=why.value, refused=why)
+
+
 def _rollback(view: StoreView, intent: Rollback, checks: Mapping[int, Checked]) -> RecoveryPlan:
     latest = view.latest
+    if not view.committed:
+        return _refuse(Refusal.NO_CHECKPOINT)
+    if intent.to is not None and intent.to not in view.committed:
+        return _refuse(Refusal.NOT_COMMITTED if intent.to in view.step_dirs else Refusal.NO_SUCH_STEP)
     if intent.to is not None:
         candidates = [intent.to]
     elif intent.auto:
@@ -211,7 +231,7 @@ def _rollback(view: StoreView, intent: Rollback, checks: Mapping[int, Checked]) 
             break
         tried.append(step)
     if target is None:
-        return RecoveryPlan(None, tried=tuple(tried), problem="no valid checkpoint to roll back to")
+        return _refuse(Refusal.NONE_VALID, tried)
     problems = {s: "; ".join(c.problems[:3]) for s, c in checks.items()}
     # every step directory after the target, committed or not (a manifest may be what is damaged)
     actions: list[Action] = [
@@ -307,6 +327,7 @@ __all__ = [
     "RECOVER_NAME",
     "RecoveryPlan",
     "Recorded",
+    "Refusal",
     "Remove",
     "Resume",
     "Rollback",

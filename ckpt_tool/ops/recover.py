@@ -90,7 +90,7 @@ def recover(
     else:
         store = CheckpointStore(ckpt_dir)
         store.require_checkpoint_directory()  # never writes into a directory that is not ours
-        cleanup = tuple(store.clean_up_after_crash(roll_forward=lambda s: usable(store, s, full=True)))
+        cleanup = tuple(recovery.clean_up_after_crash(store, roll_forward=lambda s: usable(store, s, full=True)))
         latest = store.latest_or_none()
         if latest is None and not store.committed_on_disk():
             decision = Decision("fresh", None, None, (), None, world_size, cleanup, 0.0)

@@ -1,13 +1,19 @@
-"""Moving LATEST back to a good checkpoint, quarantining the bad ones (never deleting)."""
+"""Moving LATEST back to a good checkpoint, quarantining the bad ones (never deleting).
+
+The recovery planner (``core.recovery``, ``Rollback``) decides which step, what is quarantined
+and when there is nowhere to go; this module checks the steps it asks about (validate, and with
+``auto`` verify), words its refusals and has the executor (``store.recovery``) carry the plan out.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_tool.core.recovery import Checked, Rollback
+from ckpt_tool.core.recovery import Checked, RecoveryPlan, Refusal, Rollback
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store import recovery
+from ckpt_tool.store.inventory import listing as take_listing
 from ckpt_tool.store.store import CheckpointStore
 
 
@@ -86,21 +92,9 @@ def rollback(
     """Without ``auto``: to ``to``, or to the newest valid checkpoint older than LATEST.
     With ``auto``: walk back from LATEST, validating then verifying each, until one passes.
     ``dry_run`` changes nothing on disk (not even the index)."""
-    listing = store.listing()
+    listing = take_listing(store)
     latest = listing.latest
     facts = recovery.view(store, latest, listing.latest_problem)
-    committed = facts.committed
-    if not committed:
-        raise CkptError(f"{store.root} holds no committed checkpoint", "nothing to roll back to; check the path", ExitCode.NOT_FOUND)
-    if to is not None:
-        if not store.step_path(to).is_dir():
-            raise store.no_such_step(to)
-        if to not in committed:
-            raise CkptError(
-                f"step {to} in {store.root} has no manifest: it is not a committed checkpoint",
-                f"committed steps: {', '.join(map(str, committed[-10:]))} (see `ckpt list`)",
-                ExitCode.NOT_FOUND,
-            )
     notes: list[str] = []
     attempts: dict[int, Attempt] = {}
 
@@ -109,15 +103,31 @@ def rollback(
         return Checked(step, attempt.ok, attempt.problems)
 
     decided, _ = recovery.decide(facts, Rollback(to, auto, reason), judge)
-    if decided.step is None:
-        tried = ", ".join(str(s) for s in attempts) or "none"
-        raise CkptError(
-            f"no valid checkpoint to roll back to in {store.root} (tried: {tried})",
-            "run `ckpt validate --all` to see the damage; older copies may be in quarantine/",
-            ExitCode.NOT_FOUND,
-        )
+    if decided.refused is not None:
+        raise _refusal(store, decided, to, facts.committed, list(attempts))
+    assert decided.step is not None  # a rollback's plan has a step or a refusal
     if not dry_run:
         recovery.carry_out(store, decided)
     return RollbackReport(
         latest, decided.step, decided.quarantined, tuple(attempts.values()), dry_run, listing.latest_problem, tuple(notes)
+    )
+
+
+def _refusal(store: CheckpointStore, decided: RecoveryPlan, to: int | None, committed: tuple[int, ...], tried: list[int]) -> CkptError:
+    """The planner's refusal in the user's words: what is missing and what to run next (exit 3)."""
+    if decided.refused is Refusal.NO_CHECKPOINT:
+        return CkptError(f"{store.root} holds no committed checkpoint", "nothing to roll back to; check the path", ExitCode.NOT_FOUND)
+    if decided.refused is Refusal.NO_SUCH_STEP:
+        assert to is not None
+        return store.no_such_step(to)
+    if decided.refused is Refusal.NOT_COMMITTED:
+        return CkptError(
+            f"step {to} in {store.root} has no manifest: it is not a committed checkpoint",
+            f"committed steps: {', '.join(map(str, committed[-10:]))} (see `ckpt list`)",
+            ExitCode.NOT_FOUND,
+        )
+    return CkptError(
+        f"no valid checkpoint to roll back to in {store.root} (tried: {', '.join(map(str, tried)) or 'none'})",
+        "run `ckpt validate --all` to see the damage; older copies may be in quarantine/",
+        ExitCode.NOT_FOUND,
     )

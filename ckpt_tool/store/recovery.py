@@ -1,8 +1,10 @@
 """The recovery executor: reads what the planner needs, checks the steps it asks about, carries out its plan.
 
 The one place a recovery decision (``ckpt_tool.core.recovery.plan``) touches the disk, for
-``ckpt recover``, ``ckpt rollback``, the crash clean-up and the ranks' resume alike. Actions are
-carried out under the directory's lock, in the plan's order; quarantine moves, never deletes.
+``ckpt recover``, ``ckpt rollback``, the crash clean-up (``clean_up_after_crash``) and the ranks'
+resume alike. Actions are carried out under the directory's lock, in the plan's order, through the
+store's public surface (``changing``, ``quarantine_locked``, ``write_latest_locked``,
+``set_latest_locked``, ``append_event``); quarantine moves, never deletes.
 """
 
 from __future__ import annotations
@@ -12,15 +14,24 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.recovery import RECOVER_NAME, Checked, Intent, MoveLatest, Quarantine, Recorded, RecoveryPlan, Remove, StoreView, plan
+from ckpt_tool.core.recovery import (
+    RECOVER_NAME,
+    Checked,
+    Intent,
+    MoveLatest,
+    Quarantine,
+    Recorded,
+    RecoveryPlan,
+    Remove,
+    Settle,
+    StoreView,
+    plan,
+)
 from ckpt_tool.errors import CkptError
+from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.timing import span
-
-if TYPE_CHECKING:
-    from ckpt_tool.store.store import CheckpointStore
 
 Check = Callable[[int], Checked]
 
@@ -28,7 +39,7 @@ Check = Callable[[int], Checked]
 def view(store: CheckpointStore, latest: int | None = None, latest_problem: str | None = None) -> StoreView:
     """The directory's facts: one listing (committed steps, every step directory, leftovers),
     with LATEST as the caller read it (each path states its problem in its own words)."""
-    entries = sorted(store._scan(), key=lambda e: e.step)
+    entries = sorted(store.entries(), key=lambda e: e.step)
     steps = [e for e in entries if e.kind is layout.EntryKind.STEP]
     return StoreView(
         committed=tuple(e.step for e in steps if (store.root / e.name / layout.MANIFEST_NAME).is_file()),
@@ -64,18 +75,40 @@ def carry_out(store: CheckpointStore, decided: RecoveryPlan, locked: bool = Fals
                 shutil.rmtree(store.root / action.name, ignore_errors=True)
                 store.append_event("cleanup", name=action.name, reason=f"{action.kind} directory left by a crash")
             elif isinstance(action, Quarantine):
-                store._move_to_quarantine(action.step, action.reason)
+                store.quarantine_locked(action.step, action.reason)
             elif isinstance(action, MoveLatest):
                 _move_latest(store, action)
     return decided.lines
 
 
+def clean_up_after_crash(store: CheckpointStore, roll_forward: Callable[[int], bool] | None = None) -> list[str]:
+    """Remove staging and half-deleted directories; settle the pointer (the planner's ``Settle``),
+    all under the directory's lock.
+
+    - A ``step_N`` newer than a sound LATEST (a crash between rename and pointer move) is
+      rolled forward when ``roll_forward(step)`` says it is valid, else quarantined.
+    - A LATEST that is missing or unreadable while committed steps exist is repaired once:
+      it is pointed at the newest step ``roll_forward`` accepts (newer ones that fail are
+      quarantined), with the cause recorded.
+    Without ``roll_forward`` nothing newer than LATEST is trusted. Returns a line per action.
+    """
+
+    def check(step: int) -> Checked:
+        assert roll_forward is not None
+        return Checked(step, roll_forward(step))
+
+    with store.changing():
+        latest, pointer_error = store.read_latest_or_problem()
+        decided, _ = decide(view(store, latest, pointer_error), Settle(can_check=roll_forward is not None), check)
+        return carry_out(store, decided, locked=True)
+
+
 def _move_latest(store: CheckpointStore, move: MoveLatest) -> None:
     if move.event == "repair_latest":
-        store._write_latest(move.step)
+        store.write_latest_locked(move.step)
         store.append_event("repair_latest", step=move.step, reason=move.reason)
     elif move.event == "roll_forward":
-        store._write_latest(move.step)
+        store.write_latest_locked(move.step)
         store.append_event("roll_forward", step=move.step, previous=move.previous)
     else:
         store.set_latest_locked(move.step, move.reason, move.event)

@@ -1,11 +1,17 @@
-"""The checkpoint store: one checkpoint directory on a (shared) filesystem.
+"""The checkpoint store: one checkpoint directory on a (shared) filesystem, and its only writer.
 
-The only writer of the directory's files: the staging directory, the commit (manifest last,
-fsync, atomic rename, LATEST, index), quarantine, rewritten manifests, retention deletes and the
-clean-up of what a crash left (``store.maintenance``), the owner record (``store.ownership``).
-Every change of the directory itself goes through ``changing()``: under the directory's lock
-(``store.locks``) and refused once another job took it over. Finding the newest committed
-checkpoint reads LATEST (constant time); only listing, clean-up and retention list the directory.
+One concept: the directory's own files. The staging directory, the commit (manifest last, fsync,
+atomic rename, LATEST, index), LATEST itself (read, required, moved), the index, manifests (read,
+rewritten), quarantine, and what kind of directory this is. Every change goes through
+``changing()``: under the directory's lock (``store.locks``) and refused once another job took it
+over (the claim: ``store.claim``, composed in as ``store.owner``). Finding the newest committed
+checkpoint reads LATEST (constant time).
+
+What uses a store lives beside it, as functions taking one: the listing (``store.inventory``),
+retention's deletes (``store.prune``), the recovery executor and the crash clean-up
+(``store.recovery``). They change the directory only through the public surface here: under
+``changing()``, the ``*_locked`` methods (``write_latest_locked``, ``quarantine_locked``,
+``set_latest_locked``), ``append_event`` and ``entries()``.
 """
 
 from __future__ import annotations
@@ -29,11 +35,9 @@ from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.ownership import Owner
 from ckpt_tool.errors import CkptError, DamageError, ExitCode, PermissionDeniedError
 from ckpt_tool.store.checksums import hash_files
+from ckpt_tool.store.claim import OwnerRecord
 from ckpt_tool.store.durable import append_line, atomic_write, fsync_dir
-from ckpt_tool.store.inspection import InspectionMixin
 from ckpt_tool.store.locks import LOCK_TIMEOUT_S, DirectoryLock
-from ckpt_tool.store.maintenance import MaintenanceMixin
-from ckpt_tool.store.ownership import OwnershipMixin
 from ckpt_tool.timing import span
 
 log = logging.getLogger("ckpt_tool")
@@ -55,7 +59,7 @@ class ValidationResult:
         return not self.problems and not self.unreadable
 
 
-class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
+class CheckpointStore:
     """One checkpoint directory. Reading needs no lock; every change goes through ``changing()``.
 
     Args:
@@ -70,7 +74,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
     def __init__(self, root: Path | str, create: bool = False) -> None:
         self.root = Path(root)
         self._lock = DirectoryLock(self.root)
-        self._claimed_as: Owner | None = None  # the claim this process made (claim())
+        self.owner = OwnerRecord(self.root)  # the owner file and the claim this process made (claim())
         if create:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -126,7 +130,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         lock = self._lock.acquire(timeout)
         try:
             if check_owner:
-                self._check_still_owner()
+                self.owner.check_still_ours()
             yield
         finally:
             lock.release()
@@ -148,7 +152,48 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
                 ExitCode.FAILED,
             ) from None
 
-    def _write_latest(self, step: int) -> None:
+    def read_latest_or_problem(self) -> tuple[int | None, str | None]:
+        """(LATEST's step, None), or (None, why LATEST cannot be read) when it is garbage."""
+        try:
+            return self.read_latest(), None
+        except CkptError as exc:
+            return None, exc.message
+
+    def require_latest(self) -> int:
+        """The step LATEST names when it is a committed checkpoint (one read on that path); else
+        what is wrong with LATEST and the command that repairs it: no LATEST in a directory that
+        holds committed checkpoints, a step whose directory is gone or has no manifest (exit 1),
+        no checkpoint at all (exit 3)."""
+        latest = self.read_latest()
+        repair = f"run `ckpt rollback {self.root} --auto` to point it at the newest valid checkpoint (`ckpt list {self.root}` shows them)"
+        if latest is None:
+            committed = self.committed_on_disk()
+            if not committed:
+                raise CkptError(
+                    f"{self.root} has no committed checkpoint yet", "a training run writes LATEST at its first save", ExitCode.NOT_FOUND
+                )
+            raise DamageError(
+                f"LATEST is missing in {self.root}, which holds committed checkpoints (steps {', '.join(map(str, committed[-10:]))})",
+                repair,
+                ExitCode.FAILED,
+            )
+        if not self.step_path(latest).is_dir():
+            raise DamageError(
+                f"LATEST in {self.root} names step {latest}, which is not a committed checkpoint: its directory is missing",
+                repair,
+                ExitCode.FAILED,
+            )
+        if not (self.step_path(latest) / layout.MANIFEST_NAME).is_file():
+            raise DamageError(
+                f"LATEST in {self.root} names step {latest}, which is not a committed checkpoint: it has no manifest (damaged)",
+                repair,
+                ExitCode.FAILED,
+            )
+        return latest
+
+    def write_latest_locked(self, step: int) -> None:
+        """Point LATEST at ``step`` (atomic replace). The caller holds the lock (``changing()``),
+        has decided the step (the commit, the recovery planner) and records the event."""
         atomic_write(self.root / layout.LATEST_NAME, layout.format_pointer(step).encode())
 
     def append_event(self, event: str, **data: object) -> None:
@@ -197,7 +242,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
 
     def no_such_step(self, step: int) -> CkptError:
         """A step that has no directory here (never saved, deleted by retention, or quarantined)."""
-        steps = sorted(e.step for e in self._scan() if e.kind is layout.EntryKind.STEP)
+        steps = sorted(e.step for e in self.entries() if e.kind is layout.EntryKind.STEP)
         shown = ", ".join(map(str, steps[-10:])) if steps else "none"
         quarantined = self.quarantine_root / layout.step_dir_name(step)
         where = (
@@ -275,14 +320,14 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
     def committed_on_disk(self) -> list[int]:
         """Step directories holding a manifest (a directory listing: not for the hot path)."""
         steps = []
-        for entry in self._scan():
+        for entry in self.entries():
             if entry.kind is layout.EntryKind.STEP and (self.root / entry.name / layout.MANIFEST_NAME).is_file():
                 steps.append(entry.step)
         return sorted(steps)
 
     def step_dirs(self) -> list[int]:
         """Every ``step_N`` directory, committed or not (a manifest may be missing or damaged)."""
-        return sorted(e.step for e in self._scan() if e.kind is layout.EntryKind.STEP)
+        return sorted(e.step for e in self.entries() if e.kind is layout.EntryKind.STEP)
 
     def record_check(self, step: int, kind: str, ok: bool, problems: list[str]) -> str | None:
         """Record a validation or verification result in the index (``validated`` / ``verified``).
@@ -298,7 +343,8 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             return f"the result was not recorded in {self.root / layout.INDEX_NAME} ({exc.strerror or exc}); the check itself is complete"
         return None
 
-    def _scan(self) -> Iterator[layout.DirEntry]:
+    def entries(self) -> Iterator[layout.DirEntry]:
+        """The directory's step, staging and half-deleted directories, as named (one listing)."""
         with os.scandir(self.root) as it:
             for e in it:
                 parsed = layout.parse_entry(e.name)
@@ -333,10 +379,10 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
                 if target.exists():
                     # A directory of the same step that LATEST never named: left by a crash between
                     # rename and pointer move, or a run that went further before a rollback.
-                    self._move_to_quarantine(step, "superseded by a new save of the same step")
+                    self.quarantine_locked(step, "superseded by a new save of the same step")
                 os.rename(partial, target)
                 fsync_dir(self.root)
-                self._write_latest(step)
+                self.write_latest_locked(step)
                 self.append_event("commit", **commit_summary(manifest))
         return target
 
@@ -346,7 +392,9 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             atomic_write(self.step_path(step) / layout.MANIFEST_NAME, manifest.to_json().encode())
             self.append_event(event, step=step, **data)
 
-    def _move_to_quarantine(self, step: int, reason: str) -> Path:
+    def quarantine_locked(self, step: int, reason: str) -> Path:
+        """``quarantine`` for a caller that holds the lock (the commit, the recovery executor):
+        move ``step_N`` into quarantine/ (never delete it) and record ``reason``."""
         self.quarantine_root.mkdir(exist_ok=True)
         dest = self.quarantine_root / f"{layout.step_dir_name(step)}.{time.time_ns()}"
         os.rename(self.step_path(step), dest)
@@ -355,8 +403,9 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
         return dest
 
     def quarantine(self, step: int, reason: str) -> Path:
+        """Move committed ``step`` aside into quarantine/, recording ``reason``; returns where."""
         with self.changing():
-            return self._move_to_quarantine(step, reason)
+            return self.quarantine_locked(step, reason)
 
     def set_latest(self, step: int, reason: str, event: str = "rollback") -> None:
         """Point LATEST at committed ``step`` and record ``event`` with the previous one."""
@@ -370,7 +419,7 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
                 f"step {step} has no committed checkpoint in {self.root}", "pick a step shown by `ckpt list`", ExitCode.NOT_FOUND
             )
         previous = self.latest_or_none()
-        self._write_latest(step)
+        self.write_latest_locked(step)
         self.append_event(event, step=step, previous=previous, reason=reason)
 
     def latest_or_none(self) -> int | None:
@@ -379,6 +428,56 @@ class CheckpointStore(InspectionMixin, OwnershipMixin, MaintenanceMixin):
             return self.read_latest()
         except CkptError:
             return None
+
+    # ----------------------------------------------------------------- what this directory is
+    def kind(self, names: list[str] | None = None) -> layout.DirectoryKind:
+        """What this directory is: ours, empty, one step directory, plain DCP, something else."""
+        return layout.classify_directory(self.root.name, os.listdir(self.root) if names is None else names)
+
+    def require_checkpoint_directory(self) -> None:
+        """Refuse, saying what was found, a directory that is not a ckpt-tool checkpoint
+        directory: an empty one, a single step directory, a plain DCP checkpoint, anything else.
+        Commands that only read then never create files in a directory they do not own."""
+        names = sorted(os.listdir(self.root))
+        kind = self.kind(names)
+        expects = "ckpt expects the directory given to CheckpointManager (it holds step_NNNNNNNN/ directories, LATEST and index.jsonl)"
+        if kind is layout.DirectoryKind.CHECKPOINTS:
+            return
+        if kind is layout.DirectoryKind.EMPTY:
+            raise CkptError(
+                f"{self.root} is empty: no checkpoint was written there",
+                f"check the path; a training run writes its first checkpoint there at its first save. {expects}",
+                ExitCode.NOT_FOUND,
+            )
+        if kind is layout.DirectoryKind.ONE_CHECKPOINT:
+            raise CkptError(
+                f"{self.root} is a single checkpoint, not a checkpoint directory",
+                f"pass the directory that holds it: {self.root.parent}",
+                ExitCode.USAGE,
+            )
+        if kind is layout.DirectoryKind.PLAIN_DCP:
+            raise CkptError(
+                f"{self.root} is a plain DCP checkpoint (torch.distributed.checkpoint), not a ckpt-tool checkpoint directory",
+                f"to start a run from its weights: `ckpt adopt {self.root} NEW_DIR`; torch's dcp.load reads it as it is; {expects}",
+                ExitCode.USAGE,
+            )
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise CkptError(f"{self.root} is not a checkpoint directory: it holds {shown}", f"check the path; {expects}", ExitCode.USAGE)
+
+    # ----------------------------------------------------------------- the claim (store.claim)
+    def claim(self, me: Owner, stale_after_s: float, take_over: bool) -> str:
+        """Become the directory's writer, or raise naming the job that is (see core.ownership).
+        Returns why the claim was allowed."""
+        with self.changing(check_owner=False):
+            claimed = self.owner.take(me, stale_after_s, take_over)
+            if claimed.changed_hands:
+                self.append_event("owner", job_id=me.job_id, host=me.host, pid=me.pid, reason=claimed.reason)
+            return claimed.reason
+
+    def refresh_owner(self, me: Owner) -> None:
+        """Say the owner is alive (``last_seen``); raises when another job took the directory over."""
+        with self.changing():
+            self.owner.write(me)
 
 
 def newest_step(ckpt_dir: Path | None) -> int | None:

@@ -20,6 +20,7 @@ from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.checksums import FileDigest, binding_seed, hash_files
 from ckpt_tool.store.durable import atomic_write
+from ckpt_tool.store.prune import prune
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.timing import span
 from ckpt_tool.training.comm import Comm
@@ -85,7 +86,7 @@ def commit_entries(
         try:
             store.commit(step, make_manifest(tuple(sorted(entries, key=lambda e: e.path))))
             if retention is not None:
-                store.apply_retention(retention, known_good=step)  # hashed as it was written
+                prune(store, retention, known_good=step)  # hashed as it was written
         except CkptError as exc:  # keeps its hint and exit code (a directory taken over: 4)
             error = type(exc)(f"commit of step {step} failed: {exc.message}", exc.hint, exc.exit_code)  # its kind too
         except OSError as exc:

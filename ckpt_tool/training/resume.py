@@ -81,7 +81,7 @@ class Resumption:
         """The resumed checkpoint, or None on a fresh start (no checkpoint at all)."""
         with span("resume.crash_cleanup"):
             actions = self.comm.on_coordinator(
-                lambda: self.store.clean_up_after_crash(roll_forward=lambda s: validate_checkpoint(self.store, s).ok)
+                lambda: recovery.clean_up_after_crash(self.store, roll_forward=lambda s: validate_checkpoint(self.store, s).ok)
             )
         for action in actions:
             log.warning("ckpt: %s", action)

@@ -20,6 +20,7 @@ import pytest
 
 from ckpt_tool.core import layout
 from ckpt_tool.recipes.launch import FAST_ARGS, ckpt_run_command, recipe_args, torchrun_command
+from ckpt_tool.store.recovery import clean_up_after_crash
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.processes import kill_tree
 
@@ -86,7 +87,7 @@ def test_sigkill_of_the_whole_job_never_breaks_latest(tmp_path):
         check_invariants(store)
     # After the last crash, the next start's clean-up leaves only committed checkpoints.
     store = CheckpointStore(ckpt)
-    store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
+    clean_up_after_crash(store, roll_forward=lambda s: store.check_files(s).ok)
     assert not leftovers(store)
     check_invariants(store)
     print(f"{TRIALS} trials, {killed_inside_commit_window} killed with a save in progress")

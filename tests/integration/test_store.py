@@ -12,6 +12,8 @@ from ckpt_tool.core.manifest import FileEntry, Manifest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.checksums import hash_files
+from ckpt_tool.store.prune import prune
+from ckpt_tool.store.recovery import clean_up_after_crash
 from ckpt_tool.store.store import CheckpointStore
 
 
@@ -125,7 +127,7 @@ def test_clean_up_removes_partials_and_half_deletes_and_rolls_forward(store):
     m30 = stage(store, 30)  # crash between rename and pointer move:
     store.commit(30, m30)
     (store.root / "LATEST").write_text(layout.format_pointer(10))
-    actions = store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
+    actions = clean_up_after_crash(store, roll_forward=lambda s: store.check_files(s).ok)
     assert len(actions) == 3
     assert store.read_latest() == 30
     assert sorted(os.listdir(store.root)) == [".lock", "LATEST", "index.jsonl", "step_00000010", "step_00000030"]
@@ -137,7 +139,7 @@ def test_clean_up_quarantines_an_invalid_unpointed_step(store):
     store.commit(20, m)
     (store.step_path(20) / "__1_0.distcp").write_bytes(b"short")
     (store.root / "LATEST").write_text(layout.format_pointer(10))
-    store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
+    clean_up_after_crash(store, roll_forward=lambda s: store.check_files(s).ok)
     assert store.read_latest() == 10
     assert not store.step_path(20).exists()
     assert [p.name.split(".")[0] for p in store.quarantine_root.iterdir()] == ["step_00000020"]
@@ -146,7 +148,7 @@ def test_clean_up_quarantines_an_invalid_unpointed_step(store):
 def test_retention_deletes_only_old_committed_steps_after_commit(store):
     for s in (10, 20, 30, 40, 50):
         commit(store, s)
-        store.apply_retention(RetentionPolicy(keep_last=2, keep_every=20), known_good=s)
+        prune(store, RetentionPolicy(keep_last=2, keep_every=20), known_good=s)
     assert store.committed_on_disk() == [20, 40, 50]
     assert not any(n.endswith(".deleting") for n in os.listdir(store.root))
     assert [e.step for e in store.events() if e.event == "delete"] == [10, 30]
@@ -157,7 +159,7 @@ def test_retention_keeps_latest_after_a_rollback_and_never_touches_quarantine(st
         commit(store, s)
     store.quarantine(30, "bad")
     store.set_latest(20, "step 30 bad")
-    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=lambda s: store.check_files(s).ok) == [10]
+    assert prune(store, RetentionPolicy(keep_last=1), confirm=lambda s: store.check_files(s).ok) == [10]
     assert store.committed_on_disk() == [20]
     assert len(list(store.quarantine_root.iterdir())) == 1
 
@@ -198,7 +200,7 @@ def test_retention_never_deletes_without_a_kept_checkpoint_known_to_be_valid(sto
     for s in (10, 20, 30):
         commit(store, s)
     with pytest.raises(CkptError, match="known to pass validation: nothing deleted"):
-        store.apply_retention(RetentionPolicy(keep_last=1))
+        prune(store, RetentionPolicy(keep_last=1))
     assert store.committed_on_disk() == [10, 20, 30]
 
 
@@ -208,9 +210,9 @@ def test_prune_skips_a_damaged_latest_and_keeps_the_newest_valid_one(store):
     for s in (10, 20, 30):
         commit(store, s)
     damage(store, 30)
-    assert store.apply_retention(RetentionPolicy(keep_last=1), dry_run=True, confirm=lambda s: store.check_files(s).ok) == [10]
+    assert prune(store, RetentionPolicy(keep_last=1), dry_run=True, confirm=lambda s: store.check_files(s).ok) == [10]
     assert store.committed_on_disk() == [10, 20, 30]  # the dry run deleted nothing
-    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=validate_and_record(store)) == [10]
+    assert prune(store, RetentionPolicy(keep_last=1), confirm=validate_and_record(store)) == [10]
     assert store.committed_on_disk() == [20, 30]
     assert store.check_files(20).ok
     [delete] = [e for e in store.events() if e.event == "delete"]
@@ -221,7 +223,7 @@ def test_prune_when_every_checkpoint_is_damaged_deletes_nothing(store):
     for s in (10, 20, 30):
         commit(store, s)
         damage(store, s)
-    assert store.apply_retention(RetentionPolicy(keep_last=1), confirm=validate_and_record(store)) == []
+    assert prune(store, RetentionPolicy(keep_last=1), confirm=validate_and_record(store)) == []
     assert store.committed_on_disk() == [10, 20, 30]
 
 
@@ -239,7 +241,7 @@ def test_a_garbage_latest_is_repaired_once_with_its_cause(store):
     for s in (10, 20, 30):
         commit(store, s)
     (store.root / layout.LATEST_NAME).write_bytes(b"\x00garbage")
-    actions = store.clean_up_after_crash(roll_forward=lambda s: store.check_files(s).ok)
+    actions = clean_up_after_crash(store, roll_forward=lambda s: store.check_files(s).ok)
     assert len(actions) == 1 and "LATEST" in actions[0] and "damaged" in actions[0] and "step_00000030" in actions[0]
     assert store.read_latest() == 30
     [repair] = [e for e in store.events() if e.event == "repair_latest"]

@@ -111,3 +111,20 @@ def test_damage_found_by_the_ranks_quarantines_the_step_and_moves_latest_back_on
     )
     oldest = plan(StoreView(committed=(10,), latest=10), Damaged(10, ("x",)))
     assert oldest.step is None and oldest.quarantined == (10,) and len(oldest.actions) == 1
+
+
+def test_rollback_refuses_in_the_planner_before_any_step_is_checked():
+    """Nowhere to go is the planner's decision too: ops.rollback only words it."""
+    from ckpt_tool.core.recovery import Refusal
+
+    nothing = plan(StoreView(committed=(), step_dirs=(30,), latest=None), Rollback())
+    assert nothing.refused is Refusal.NO_CHECKPOINT and nothing.check is None and nothing.step is None
+    facts = StoreView(committed=(10, 20), step_dirs=(10, 20, 30), latest=20)
+    gone = plan(facts, Rollback(to=40))
+    assert gone.refused is Refusal.NO_SUCH_STEP and gone.check is None  # not even step 40 is asked for
+    torn = plan(facts, Rollback(to=30))
+    assert torn.refused is Refusal.NOT_COMMITTED and torn.check is None and torn.actions == ()
+    decided, checked = walk(facts, Rollback(), bad={10})
+    assert decided.refused is Refusal.NONE_VALID and checked == [10] and decided.tried == (10,)
+    assert decided.problem == "no valid checkpoint to roll back to"
+    assert walk(facts, Rollback(to=10))[0].refused is None  # a committed target is checked, not refused
