@@ -49,6 +49,8 @@ PARALLEL_STATS_FROM = 64  # files; fewer are stat'ed one by one (a thread pool c
 
 @dataclass(frozen=True)
 class ValidationResult:
+    """One step's check (``check_files``): damage found, the manifest read, files not readable."""
+
     step: int
     problems: tuple[Problem, ...]  # damage: missing, truncated, altered or extra files
     manifest: Manifest | None
@@ -56,6 +58,7 @@ class ValidationResult:
 
     @property
     def ok(self) -> bool:
+        """Nothing damaged and every file read."""
         return not self.problems and not self.unreadable
 
 
@@ -108,13 +111,16 @@ class CheckpointStore:
 
     # ----------------------------------------------------------------- paths and lock
     def step_path(self, step: int) -> Path:
+        """Where committed ``step`` lives: ``DIR/step_NNNNNNNN``."""
         return self.root / layout.step_dir_name(step)
 
     def partial_path(self, step: int) -> Path:
+        """Where ``step`` is staged before its commit: ``DIR/.step_NNNNNNNN.partial``."""
         return self.root / layout.partial_dir_name(step)
 
     @property
     def quarantine_root(self) -> Path:
+        """``DIR/quarantine``: where damaged or rolled-back steps are moved (never deleted)."""
         return self.root / layout.QUARANTINE_NAME
 
     @contextmanager
@@ -197,9 +203,11 @@ class CheckpointStore:
         atomic_write(self.root / layout.LATEST_NAME, layout.format_pointer(step).encode())
 
     def append_event(self, event: str, **data: object) -> None:
+        """Append one event to the index (``index.jsonl``); the caller holds the lock."""
         append_line(self.root / layout.INDEX_NAME, format_event(event, time.time(), **data))
 
     def events(self) -> list[IndexEvent]:
+        """The index's events, oldest first (torn or garbage lines skipped)."""
         return list(self.event_log().events)
 
     def event_log(self) -> EventLog:
@@ -212,6 +220,8 @@ class CheckpointStore:
 
     # ----------------------------------------------------------------- reading checkpoints
     def read_manifest(self, step: int) -> Manifest:
+        """Committed ``step``'s manifest, parsed strictly. Raises ``DamageError`` when it is missing,
+        oversized, torn or copied from another step; ``no_such_step`` when the step is not here."""
         with span("store.read_manifest"):
             path = self.step_path(step) / layout.MANIFEST_NAME
             try:
@@ -253,6 +263,7 @@ class CheckpointStore:
         return CkptError(f"step {step} does not exist in {self.root}{where}", f"steps here: {shown} (see `ckpt list`)", ExitCode.NOT_FOUND)
 
     def permission_denied(self, path: Path) -> PermissionDeniedError:
+        """The error for a file of this directory this user may not read (not damage, exit 2)."""
         return PermissionDeniedError(
             f"permission denied reading {path}: it was not checked (this is not damage)",
             "run as the user who owns the checkpoint, or ask them to grant read access",
