@@ -1,7 +1,7 @@
 """The reference recipe's data: a deterministic corpus; its sampler is the public ``ckpt_tool.GlobalSampler``.
 
 Each step takes one global batch of the epoch's permutation; data-parallel rank ``r`` takes its
-micro-batches as contiguous slices of it (``core.reshard.step_slices``), so every rank of one
+micro-batches as contiguous slices of it (``core.reshard_plan.step_slices``), so every rank of one
 data-parallel group (the tensor-parallel peers) takes the same samples and a resume on another
 mesh neither skips nor repeats a sample.
 """
@@ -35,12 +35,17 @@ def make_corpus(n_tokens: int, vocab: int, seed: int) -> torch.Tensor:
 
 
 class Corpus:
+    """The recipe's training data: a ``make_corpus`` token stream cut into ``n_samples`` windows of
+    ``seq_len + 1`` tokens; sample ``i`` starts at token ``i * seq_len``."""
+
     def __init__(self, c: GPTConfig, n_tokens: int, seed: int) -> None:
         self.tokens = make_corpus(n_tokens, c.vocab, seed)
         self.seq_len = c.seq_len
         self.n_samples = (n_tokens - 1) // c.seq_len
 
     def batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The samples at ``indices`` as ``{"inputs", "targets"}``, long tensors of shape ``(len(indices), seq_len)``,
+        targets shifted by one token; on the CPU."""
         starts = indices * self.seq_len
         offsets = torch.arange(self.seq_len + 1)
         windows = self.tokens[starts[:, None] + offsets[None, :]]
@@ -48,4 +53,6 @@ class Corpus:
 
 
 def probe_batch(corpus: Corpus, size: int = 4) -> dict[str, torch.Tensor]:
+    """The fixed batch a checkpoint's probe re-measures: the first ``size`` samples, the same on every rank and
+    run."""
     return corpus.batch(torch.arange(size))

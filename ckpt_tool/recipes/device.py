@@ -19,6 +19,7 @@ CHOICES = ("auto", "cpu", "cuda")
 
 
 def add_device_option(p: argparse.ArgumentParser) -> None:
+    """Add ``--device auto|cpu|cuda`` (default ``auto``) to ``p``; ``resolve`` turns it into a device type."""
     p.add_argument("--device", choices=CHOICES, default="auto", help="where the model, data and probe live (auto: CUDA when there is one)")
 
 
@@ -57,9 +58,11 @@ def backend(device_type: str) -> str | None:
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """``batch`` with every tensor moved to ``device`` (a new dict; non-blocking copies)."""
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def device_of(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter; the CPU for a model without parameters."""
     first = next(model.parameters(), None)
     return first.device if first is not None else torch.device("cpu")

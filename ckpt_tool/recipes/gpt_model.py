@@ -20,6 +20,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 @dataclass(frozen=True)
 class GPTConfig:
+    """The model's sizes (vocabulary, context length in tokens, width, layers, heads) and dropout probability;
+    ``n_head`` must divide ``d_model``. Recorded in the checkpoint's entry kwargs."""
+
     vocab: int = 256
     seq_len: int = 64
     d_model: int = 192
@@ -33,6 +36,9 @@ class GPTConfig:
 
 
 class Attention(nn.Module):
+    """Causal multi-head self-attention with attention dropout; under tensor parallelism each rank holds its
+    heads' query, key and value columns."""
+
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         self.head_dim = c.d_model // c.n_head
@@ -42,6 +48,8 @@ class Attention(nn.Module):
         self.register_buffer("mask", torch.tril(torch.ones(c.seq_len, c.seq_len, dtype=torch.bool)), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of shape ``(batch, tokens, d_model)`` (tokens <= ``seq_len``) to the same shape, each position
+        attending to itself and earlier ones only."""
         b, t, _ = x.shape
         # Under tensor parallelism q, k, v hold this rank's heads only: -1 is the local head count.
         q, k, v = (z(x).view(b, t, -1, self.head_dim).transpose(1, 2) for z in (self.q, self.k, self.v))
@@ -51,6 +59,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The block's feed-forward part: ``d_model -> 4 * d_model -> d_model`` with GELU and dropout."""
+
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         self.up = nn.Linear(c.d_model, 4 * c.d_model)
@@ -58,21 +68,28 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of shape ``(..., d_model)`` to the same shape."""
         return self.drop(self.down(F.gelu(self.up(x))))
 
 
 class Block(nn.Module):
+    """One pre-norm transformer block: attention then MLP, each on a residual path."""
+
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(c.d_model), Attention(c)
         self.ln2, self.mlp = nn.LayerNorm(c.d_model), MLP(c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of shape ``(batch, tokens, d_model)`` to the same shape."""
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
+    """The recipe's model: token and position embeddings, ``n_layer`` blocks, a final layer norm and an
+    unbiased output head over the vocabulary."""
+
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         self.tok = nn.Embedding(c.vocab, c.d_model)
@@ -83,6 +100,8 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(c.d_model, c.vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids ``idx`` of shape ``(batch, tokens)`` (tokens <= ``seq_len``) to logits of shape ``(batch,
+        tokens, vocab)``."""
         x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
         for block in self.blocks:
             x = block(x)

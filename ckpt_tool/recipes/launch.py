@@ -26,6 +26,8 @@ FAST_ARGS = ("--d-model", "64", "--n-layer", "2", "--corpus-tokens", "60000")
 
 
 def torchrun_command(nproc: int, recipe_args: Sequence[str], module: str = RECIPE) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m MODULE ARGS`` (plain torchrun, no
+    watchdog)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", module, *recipe_args]
 
 
@@ -87,6 +89,7 @@ def ckpt_submit_command(ckpt_dir: Path, recipe_args: Sequence[str], submit_opts:
 
 
 def recipe_args(ckpt_dir: Path, metrics: Path, steps: int, save_every: int, *extra: str) -> list[str]:
+    """The recipe's own arguments: checkpoint directory, metrics file, steps and save interval, then ``extra``."""
     return ["--ckpt-dir", str(ckpt_dir), "--metrics", str(metrics), "--steps", str(steps), "--save-every", str(save_every), *extra]
 
 
@@ -152,6 +155,8 @@ class RecipeJob:
         self.started_at = 0.0
 
     def start(self, env: Mapping[str, str] | None = None) -> RecipeJob:
+        """Launch ``argv`` in a new session, output appended to ``log``, ``env`` over this process's environment;
+        returns ``self`` without waiting."""
         with open(self.log, "ab") as log:
             self.started_at = time.time()
             self.proc = subprocess.Popen(
@@ -164,17 +169,22 @@ class RecipeJob:
         return self
 
     def wait(self, timeout: float = 300) -> int:
+        """The launch's exit code; raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the job keeps
+        running). Only after ``start``."""
         assert self.proc is not None
         return self.proc.wait(timeout=timeout)
 
     def run(self, timeout: float = 300) -> int:
+        """``start`` then ``wait``: the exit code."""
         return self.start().wait(timeout)
 
     def ranks(self) -> dict[int, psutil.Process]:
+        """The live rank processes by rank, now (see ``recipe_ranks``); empty when none runs. Only after ``start``."""
         assert self.proc is not None
         return recipe_ranks(self.proc.pid, run_dir=self.run_dir if self.supervised else None)
 
     def events(self) -> list[dict[str, Any]]:
+        """The run directory's events so far (``ckpt run``'s; empty under plain torchrun)."""
         return read_events(self.run_dir)
 
     def wait_for_step(self, step: int, timeout: float = 120) -> None:
@@ -188,6 +198,7 @@ class RecipeJob:
         raise AssertionError(f"step {step} not reached; {self.log_tail()}")
 
     def log_tail(self, chars: int = 3000) -> str:
+        """The last ``chars`` characters of the launch's output (empty before it exists)."""
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
     def kill(self) -> None:
@@ -199,6 +210,9 @@ class RecipeJob:
 
 @dataclass(frozen=True)
 class StepMetrics:
+    """One line of the recipe's metrics file: one optimizer step, floats at full precision (equal only when bit
+    for bit)."""
+
     step: int
     loss: float
     lr: float
@@ -220,6 +234,10 @@ def read_metrics(path: Path) -> list[StepMetrics]:
 
 @dataclass(frozen=True)
 class Comparison:
+    """``compare_runs``' verdict: distinct steps and lines of the candidate compared, each line that differs with
+    the reference's line for its step (None when the reference has none), and reference steps the candidate
+    never logged."""
+
     steps_compared: int
     lines_compared: int
     mismatches: tuple[tuple[StepMetrics, StepMetrics | None], ...]
@@ -227,6 +245,7 @@ class Comparison:
 
     @property
     def identical(self) -> bool:
+        """True when no line differs and no step is missing."""
         return not self.mismatches and not self.missing_steps
 
 

@@ -47,6 +47,9 @@ CLASSES, SIZE = 10, 12
 
 
 class TinyCNN(nn.Module):
+    """Two conv + BatchNorm + ReLU layers (the second with stride 2), global average pooling, dropout and a
+    linear head over ``CLASSES``; BatchNorm's running statistics are part of its state."""
+
     def __init__(self, width: int = 8, dropout: float = 0.1) -> None:
         super().__init__()
         self.conv1, self.bn1 = nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width)
@@ -55,6 +58,7 @@ class TinyCNN(nn.Module):
         self.head = nn.Linear(2 * width, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images of shape ``(batch, 3, H, W)`` to logits of shape ``(batch, CLASSES)``."""
         x = F.relu(self.bn1(self.conv1(x)))
         x = F.relu(self.bn2(self.conv2(x)))
         return self.head(self.drop(x.mean(dim=(2, 3))))
@@ -82,6 +86,8 @@ def build_for_verify(world_size: int = 1, mesh: Any = None, **config: Any) -> tu
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The recipe's arguments (``--ckpt-dir`` defaults to ``$CKPT_DIR``); ``--device`` is resolved to a device
+    type here, so ``--device cuda`` without CUDA exits 2 before anything starts."""
     p = argparse.ArgumentParser(prog="python -m ckpt_tool.recipes.tiny_cnn", description=__doc__.split("\n\n")[0])
     exported = os.environ.get("CKPT_DIR")
     p.add_argument("--ckpt-dir", type=Path, required=not exported, default=Path(exported) if exported else None)
@@ -113,6 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the recipe: under torchrun (``RANK`` set) as one rank of a process group, else as a single process.
+    Returns 0 when the training finished, a ``CkptError``'s exit code (message and hint on stderr) otherwise."""
     args = parse_args(argv)
     distributed = "RANK" in os.environ
     devices.bind(args.device)
@@ -132,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, rank: int, world: int, distributed: bool) -> int:
+    """Train from the newest valid checkpoint (or step 0) to ``--steps``, appending one metrics line per step on
+    rank 0 and saving every ``--save-every`` steps; returns 0. Raises ``CkptError`` from the checkpoint manager."""
     # a step the scaler skipped (an overflow) leaves the optimizer unstepped: the schedule still advances
     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
     device = devices.bind(args.device)

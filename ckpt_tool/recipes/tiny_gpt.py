@@ -49,6 +49,9 @@ ENTRY_POINT = "ckpt_tool.recipes.tiny_gpt:build_for_verify"
 
 # ----------------------------------------------------------------------------- building blocks
 def lr_lambda(warmup: int, total: int):
+    """The ``LambdaLR`` factor at a step: linear warm-up over ``warmup`` steps to 1, then cosine down to 0.1 at
+    ``total``, staying there after."""
+
     def f(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -84,6 +87,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The recipe's arguments, fault injection and test hooks included (``--ckpt-dir`` defaults to
+    ``$CKPT_DIR``); ``--device`` is resolved to a device type here: ``--device cuda`` without CUDA exits 2."""
     p = _Parser(prog="python -m ckpt_tool.recipes.tiny_gpt", description=__doc__.split("\n\n")[0])
     exported = os.environ.get("CKPT_DIR")  # set by `ckpt run --ckpt-dir` and `ckpt submit`
     p.add_argument("--ckpt-dir", type=Path, required=not exported, default=Path(exported) if exported else None, help="default: $CKPT_DIR")
@@ -152,6 +157,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One rank of the recipe under torchrun: returns 0 when the training finished, else a ``CkptError``'s exit
+    code (message and hint on stderr; a code a restart cannot fix is also told to the watchdog as fatal)."""
     args = parse_args(argv)
     devices.bind(args.device)
     init_distributed(devices.backend(args.device))
@@ -168,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, rank: int, world: int) -> int:
+    """Train from the newest valid checkpoint (or step 0) to ``--steps`` on the ``(dp_shard, tp)`` mesh, keeping
+    the checkpoint's global batch; returns 0. Raises ``CkptError`` (no batch configuration, a mesh that does not
+    fit, the checkpoint manager's errors) and the injected faults' errors."""
     c = GPTConfig(seq_len=args.seq_len, d_model=args.d_model, n_layer=args.n_layer, dropout=args.dropout)
     # On a resume the checkpoint's global batch wins (the same command runs on any allowed mesh);
     # --global-batch given explicitly and different changes it on purpose.

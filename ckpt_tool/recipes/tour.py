@@ -45,18 +45,25 @@ console = Console(highlight=False)
 
 
 class TourFailed(Exception):
-    pass
+    """An act of the tour did not happen as told; its message says which and what was seen (``main`` prints it and
+    the job's output, exit 1)."""
 
 
 def sh(*argv: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` to completion, output captured as text; raises ``subprocess.TimeoutExpired`` after ``timeout``
+    seconds."""
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def ckpt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run this interpreter's ``ckpt`` CLI with ``args`` (as ``sh``; 300 s by default)."""
     return sh(sys.executable, "-m", "ckpt_tool.cli.main", *args, timeout=timeout)
 
 
 class Tour:
+    """One tour's state: its work directory (``ckpt/``, ``metrics.jsonl``, ``story.png``), the SLURM job id once
+    submitted, and the start time its narration counts from. The acts run in order and raise ``TourFailed``."""
+
     def __init__(self, work: Path) -> None:
         self.work = work
         self.ckpt_dir, self.metrics = work / "ckpt", work / "metrics.jsonl"
@@ -65,23 +72,30 @@ class Tour:
 
     # ------------------------------------------------------------------ narration
     def act(self, title: str) -> None:
+        """Print an act's heading with the seconds since the tour started."""
         console.rule(f"[bold]{escape(title)}[/]  [dim]{time.monotonic() - self.t0:.0f} s[/]")
 
     def say(self, text: str) -> None:
+        """Print one line of narration (Rich markup: the caller escapes what came from the disk)."""
         console.print(f"  {text}", soft_wrap=True)
 
     def show(self, cmd: list[str]) -> None:
+        """Print the command about to run, escaped, as the user would type it."""
         console.print(f"  [cyan]$ {escape(' '.join(cmd))}[/]", soft_wrap=True)
 
     # ------------------------------------------------------------------ the job
     def output(self) -> str:
+        """The job's ``slurm-JOB.out`` so far (empty before it exists)."""
         path = self.ckpt_dir / layout.RUN_DIR_NAME / f"slurm-{self.job}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def state(self) -> str:
+        """The job's state in ``squeue`` (e.g. ``RUNNING``, ``PENDING``); empty once it left the queue."""
         return sh("squeue", "-h", "-j", self.job, "-o", "%T").stdout.strip()
 
     def wait_for(self, done: Callable[[], bool], what: str, timeout: float = 120) -> None:
+        """Poll ``done`` every 0.3 s until true; raises ``TourFailed`` naming ``what`` and the job's state after
+        ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if done():
@@ -90,9 +104,11 @@ class Tour:
         raise TourFailed(f"{what} did not happen in {timeout:.0f} s (job state {self.state()!r})")
 
     def step_reached(self, step: int) -> bool:
+        """Whether rank 0 logged ``step`` (or a later one) in the metrics file."""
         return self.metrics.exists() and any(m.step >= step for m in read_metrics(self.metrics))
 
     def events(self) -> list:
+        """The store's index events, or an empty list before the first checkpoint wrote the index."""
         return CheckpointStore(self.ckpt_dir).events() if (self.ckpt_dir / layout.INDEX_NAME).exists() else []
 
     def release(self) -> None:
@@ -103,6 +119,8 @@ class Tour:
 
     # ------------------------------------------------------------------ the acts
     def submit(self) -> None:
+        """Act 1: ``ckpt submit`` the recipe on 3 nodes (n3's fault armed for after the requeue), keep the job id, wait
+        until step 12. Raises ``TourFailed`` when the submit fails or training does not get there."""
         self.act("1. ckpt submit: the reference recipe on 3 nodes")
         args = recipe_args(self.ckpt_dir, self.metrics, STEPS, SAVE_EVERY, *FAST_ARGS, *BATCH)
         args += ["--fail-on-node", "n3", "--fail-after-steps", "4", "--fail-from-restart", "1"]  # n3 goes bad after the requeue
@@ -117,6 +135,8 @@ class Tour:
         self.say(f"training: step {read_metrics(self.metrics)[-1].step} of {STEPS}")
 
     def preempt(self) -> None:
+        """Act 2: send the batch script USR1 once it is ready and wait for the requeue; remembers the newest
+        checkpoint step (``self.latest``) for act 3."""
         self.act("2. a preemption: the time-limit warning (USR1)")
         self.wait_for(lambda: "ready: trap installed" in self.output(), "the batch script's readiness")
         cmd = ["scancel", "--signal=USR1", "--batch", self.job]
@@ -128,6 +148,8 @@ class Tour:
         self.latest = latest
 
     def corrupt(self) -> None:
+        """Act 3: flip one bit of a shard of the newest checkpoint (same size), release the job and wait for its
+        quarantine and the ranks' resume from an earlier step."""
         self.act("3. while it waits: the newest checkpoint silently corrupted")
         store = CheckpointStore(self.ckpt_dir)
         shard = store.step_path(self.latest) / "__1_0.distcp"
@@ -146,6 +168,8 @@ class Tour:
         self.say(f"every rank rolled back together and resumed from step {resumed[-1].get('checkpoint')}")
 
     def node_fault(self) -> None:
+        """Act 4: wait for n3 to be left behind and the training to finish on two nodes with the same global batch;
+        raises ``TourFailed`` when the job ends unfinished."""
         self.act("4. a node that keeps failing: n3")
         self.wait_for(lambda: "left n3 behind" in self.output(), "leaving n3 behind", timeout=180)
         crashed = [e for e in _run_events(self.ckpt_dir) if e.get("event") == "rank_exited" and e.get("cause") == "crashed"]
@@ -164,6 +188,8 @@ class Tour:
         )
 
     def epilogue(self) -> Path:
+        """Act 5: ``ckpt history``, ``ckpt verify --nproc 2`` of the final step and ``ckpt history --plot``; returns
+        the picture's path. Raises ``TourFailed`` when any of the three fails."""
         self.act("5. the story: ckpt history, ckpt verify, the picture")
         self.show(["ckpt", "history", str(self.ckpt_dir), "--json"])
         history = ckpt("history", str(self.ckpt_dir), "--json")
@@ -233,6 +259,8 @@ def _run_events(ckpt_dir: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m ckpt_tool.recipes.tour``: 2 without the local SLURM cluster (n1-n3), 1 when an act failed or the
+    tour took over ``BUDGET_S`` seconds, else 0. Empties ``--work`` first; cancels the job on the way out."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("tour-out"), help="where the run's files go (emptied first)")
     args = parser.parse_args(argv)
