@@ -103,6 +103,7 @@ class Remove:
 
     @property
     def says(self) -> str:
+        """The line ``ckpt recover`` and the resume's log show for it."""
         return f"removed {self.name} (left by a crash)"
 
 
@@ -156,6 +157,7 @@ class RecoveryPlan:
 
     @property
     def quarantined(self) -> tuple[int, ...]:
+        """The steps this plan moves into quarantine, in the order of its actions."""
         return tuple(a.step for a in self.actions if isinstance(a, Quarantine))
 
     @property

@@ -28,6 +28,11 @@ _CONSTRAINT_VALUE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-\[\]&|*()!]+$")
 
 @dataclass(frozen=True)
 class JobSpec:
+    """Everything ``ckpt submit`` puts into the sbatch script: the training command, directories, the
+    allocation and the supervisor's limits (seconds for ``signal_lead_s``). Raises ``CkptError`` (USAGE) at
+    construction for an empty command, a count below 1, a ``--min-nodes`` outside ``1..nodes``, a bad time or
+    memory, a name SLURM would misread, an invalid ``--env`` name or a newline in a path or directive."""
+
     command: tuple[str, ...]  # training script and args, or ("-m", module, ...)
     ckpt_dir: str
     run_dir: str
@@ -105,6 +110,7 @@ class JobSpec:
 
     @property
     def world_size(self) -> int:
+        """Ranks at the full allocation: ``nodes x nproc_per_node`` (fewer when a ``min_nodes`` job shrinks)."""
         return self.nodes * self.nproc_per_node
 
     @property
@@ -134,6 +140,9 @@ def signal_lead(checkpoint_seconds: float | None) -> int:
 
 
 def directives(spec: JobSpec) -> list[str]:
+    """The script's ``#SBATCH`` lines for ``spec``: the fixed ones (requeue, append, the
+    USR1 warning ``signal_lead_s`` before the limit, the output path quoted), the options given, then
+    ``extra_sbatch`` verbatim."""
     q = shlex.quote
     out = [
         f"#SBATCH --job-name={spec.job_name}",
@@ -174,6 +183,8 @@ def follow_up_commands(job_id: str, ckpt_dir: str) -> dict[str, str]:
 
 
 def render(spec: JobSpec, template: str) -> str:
+    """The sbatch script: ``template`` (``string.Template``) filled with ``spec``'s directives and shell-quoted
+    values. Raises ``KeyError`` or ``ValueError`` for a template with a placeholder it does not fill."""
     q = shlex.quote
     values = {
         "directives": "\n".join(directives(spec)),

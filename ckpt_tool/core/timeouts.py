@@ -34,6 +34,10 @@ CALIBRATED_FLOORS: Mapping[str, float] = {  # once observed: never below these
 
 @dataclass(frozen=True)
 class TimeoutPolicy:
+    """How ``calibrate`` sets the timeouts: ``factor`` x the longest duration observed after ``warmup``
+    observations, floors and overrides in seconds per phase. Raises ``ValueError`` at construction for a factor
+    below 1, an unknown phase or a non-positive value."""
+
     factor: float = 4.0
     warmup: int = 3  # first observations of each phase are ignored (allocation, compilation)
     floors: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FLOORS))
@@ -72,15 +76,19 @@ class DurationLog:
     durations: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, phase: str, seconds: float) -> None:
+        """Record one duration of ``phase`` in seconds, dropping the oldest beyond ``keep``."""
         samples = self.durations.setdefault(phase, [])
         samples.append(seconds)
         del samples[: max(0, len(samples) - self.keep)]
 
     def to_json(self) -> dict[str, list[float]]:
+        """``{phase: [seconds, ...]}``, oldest first (a copy)."""
         return {k: list(v) for k, v in self.durations.items()}
 
     @staticmethod
     def from_json(data: object, keep: int = 200) -> DurationLog:
+        """The log written by ``to_json``; what is not a phase or not a non-negative number is skipped (a torn or
+        foreign file gives an empty log, never an error)."""
         log = DurationLog(keep)
         if isinstance(data, dict):
             for phase, samples in data.items():

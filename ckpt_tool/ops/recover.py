@@ -37,6 +37,10 @@ DECISION_NAME = RECOVER_NAME
 
 @dataclass(frozen=True)
 class Decision:
+    """``ckpt recover``'s decision as written to ``RUN_DIR/recover.json``: a fresh start or the step to resume
+    (and what was rolled back, quarantined, cleaned up), the saved and current world sizes with the reshard plan
+    when they differ, and the seconds it took. ``store`` and ``facts`` let the ranks tell whether it is still current."""
+
     action: str  # "fresh" | "resume"
     step: int | None
     rolled_back_from: int | None
@@ -53,6 +57,7 @@ class Decision:
     facts: str | None = None  # ...a fingerprint of what it judged: the ranks follow the decision while both hold
 
     def to_json(self) -> dict[str, object]:
+        """Every field by name, as ``recover.json`` and the ``recover`` event hold it."""
         return asdict(self)
 
 
@@ -84,6 +89,10 @@ def usable(store: CheckpointStore, step: int, full: bool = False) -> bool:
 def recover(
     ckpt_dir: Path, world_size: int | None = None, run_dir: Path | None = None, nodes: int | None = None, full: bool = False
 ) -> Decision:
+    """Decide how this start of the job begins: clean up after a crash, roll back from a damaged LATEST, and plan
+    the reshard when ``world_size`` differs from the checkpoint's; written to ``run_dir`` when given. Raises
+    ``CkptError`` for a directory that is not a checkpoint store, nothing valid to roll back to, or a reshard
+    that does not fit."""
     t0 = time.monotonic()
     if not ckpt_dir.exists() or CheckpointStore(ckpt_dir).kind() is DirectoryKind.EMPTY:
         decision = Decision("fresh", None, None, (), None, world_size, (), 0.0)

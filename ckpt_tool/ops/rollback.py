@@ -19,6 +19,9 @@ from ckpt_tool.store.store import CheckpointStore
 
 @dataclass(frozen=True)
 class Attempt:
+    """One step the rollback judged: ``valid`` (its structure check) and ``verified`` (the probe re-measured;
+    None when not run), with the problems found."""
+
     step: int
     valid: bool
     verified: bool | None  # None: not run (no probe, or not asked)
@@ -26,11 +29,15 @@ class Attempt:
 
     @property
     def ok(self) -> bool:
+        """Usable as a target: valid, and not failed by a verify."""
         return self.valid and self.verified is not False
 
 
 @dataclass(frozen=True)
 class RollbackReport:
+    """What a rollback did (or with ``dry_run`` would do): LATEST before and why it could not be trusted, the
+    target step, the steps quarantined and each step judged on the way."""
+
     previous_latest: int | None
     target: int
     quarantined: tuple[int, ...]  # moved, or with ``dry_run`` those that would be
@@ -40,6 +47,7 @@ class RollbackReport:
     notes: tuple[str, ...] = ()  # check results that could not be recorded, and the like
 
     def to_json(self) -> dict[str, Any]:
+        """``--json``'s form; with ``dry_run`` the steps go under ``would_quarantine`` and ``quarantined`` is empty."""
         return {
             "previous_latest": self.previous_latest,
             "latest_problem": self.latest_problem,
