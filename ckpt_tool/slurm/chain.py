@@ -70,6 +70,9 @@ class Started:
 
 @dataclass(frozen=True)
 class SignalArrived:
+    """The batch step got a signal: ``USR1`` (the time-limit warning, or ``scancel --signal=USR1``) or
+    ``TERM``; the first one decides the chain's course."""
+
     name: str  # "USR1" or "TERM"
 
 
@@ -83,11 +86,16 @@ class SlurmSaid:
 
 @dataclass(frozen=True)
 class RecoverExited:
+    """``ckpt recover`` ended with exit status ``rc`` (0: the decision is written; 1 when it could not be
+    run)."""
+
     rc: int
 
 
 @dataclass(frozen=True)
 class RunExited:
+    """The ``srun`` of ``ckpt run`` on every node ended with exit status ``rc``."""
+
     rc: int  # srun's exit status; death by signal n as 128+n (see ``exit_status``)
 
 
@@ -111,11 +119,15 @@ class ShrinkDone:
 
 @dataclass(frozen=True)
 class RequeueDone:
+    """``scontrol requeue`` answered: ``ok`` when it took."""
+
     ok: bool
 
 
 @dataclass(frozen=True)
 class ExcludeDone:
+    """``scontrol update ExcNodeList`` answered after its retries: ``ok`` when it took."""
+
     ok: bool  # ExcNodeList took (the job was pending in time)
 
 
@@ -189,6 +201,8 @@ class Exclude:
 
 @dataclass(frozen=True)
 class Exit:
+    """End ``ckpt job`` with exit status ``code``: the last action of every chain."""
+
     code: int
 
 

@@ -12,6 +12,9 @@ from ckpt_tool.errors import CkptError, ExitCode
 
 @dataclass(frozen=True)
 class JobState:
+    """A job's state as SLURM tells it: state name (``RUNNING``, ``PENDING``...), requeue count and reason when
+    the command gives them (None otherwise), and which command answered (``scontrol`` or ``sacct -c``)."""
+
     job_id: str
     state: str
     restarts: int | None

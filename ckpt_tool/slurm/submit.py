@@ -30,6 +30,7 @@ from ckpt_tool.supervise.events import note
 
 
 def template() -> str:
+    """The packaged sbatch template's text (``slurm_templates/train.sbatch.tmpl``)."""
     return (files("ckpt_tool.slurm_templates") / "train.sbatch.tmpl").read_text()
 
 
@@ -187,6 +188,8 @@ def prepare(
 
 
 def write_script(spec: JobSpec, script: str) -> Path:
+    """Write ``script`` (mode 0755, atomically) as ``RUN_DIR/submit-YYYYmmdd-HHMMSS-ffffff.sbatch``, creating
+    the run directory; returns its path. Raises ``OSError`` from the filesystem."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f"submit-{datetime.datetime.now():%Y%m%d-%H%M%S-%f}.sbatch"
@@ -207,6 +210,7 @@ class ChainExecutor(submitit.SlurmExecutor):
         return self._script
 
     def submit_chain(self) -> submitit.Job:
+        """Submit the chain script through ``sbatch``; returns submitit's job (its ``job_id`` is SLURM's)."""
         return self._submit_command("ckpt-tool chain")
 
 

@@ -20,17 +20,23 @@ CHUNK_BYTES = 8 << 20
 
 
 def binding_seed(run_id: str, step: int, name: str) -> int:
+    """The hash seed that binds a file to ``run_id``, ``step`` and its ``name``: the same bytes elsewhere hash
+    differently."""
     return xxhash.xxh3_64_intdigest(f"{run_id}\0{step}\0{name}".encode())
 
 
 @dataclass(frozen=True)
 class FileDigest:
+    """One file's manifest entry: its name, its size in bytes and its xxh3-128 hex digest."""
+
     name: str
     bytes: int
     hash: str
 
 
 def hash_file(path: Path, seed: int, on_bytes: Callable[[int], None] | None = None) -> FileDigest:
+    """Hash ``path`` with ``seed`` in ``CHUNK_BYTES`` chunks, calling ``on_bytes`` with each chunk's size (for
+    progress); returns the digest of the bytes read. Raises ``OSError`` from reading."""
     hasher = xxhash.xxh3_128(seed=seed)
     buf = bytearray(CHUNK_BYTES)
     view = memoryview(buf)

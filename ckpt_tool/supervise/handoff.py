@@ -36,6 +36,8 @@ _LEN = struct.Struct("!I")
 
 # ----------------------------------------------------------------------------- framing (both sides)
 def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """Send ``message`` as one length-prefixed JSON frame, ``fds`` passed along with its first bytes
+    (``SCM_RIGHTS``). Raises ``OSError`` when the other side is gone."""
     data = json.dumps(message).encode()
     head = _LEN.pack(len(data))
     if fds:
@@ -67,6 +69,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def status_path(pool: Path, pid: int) -> Path:
+    """Where the spare maker writes the exit status of the rank it runs as process ``pid``."""
     return pool / f"{pid}{EXIT}"
 
 
@@ -107,6 +110,7 @@ def claim(pool: Path, wait_s: float = WAIT_FOR_WARMING_S) -> socket.socket | Non
 
 
 def cold(argv: list[str]) -> NoReturn:
+    """Become the training command itself (``exec``): a cold start, as plain torchrun would run it."""
     os.execv(sys.executable, [sys.executable, "-u", *argv])
 
 
@@ -123,6 +127,8 @@ def exit_as(returncode: int) -> NoReturn:
 
 
 def stand_in(pool: Path, sock: socket.socket, argv: list[str]) -> NoReturn:
+    """Hand the rank to the claimed spare on ``sock`` and stand in for it: pass on signals, then exit as it
+    exited. Starts cold instead when the spare's environment differs in a way that matters."""
     hello, _ = recv_frame(sock)
     conflicts = env_conflicts(hello["env"], dict(os.environ))
     if conflicts:
@@ -148,6 +154,8 @@ def stand_in(pool: Path, sock: socket.socket, argv: list[str]) -> NoReturn:
 
 
 def main(argv: list[str]) -> NoReturn:
+    """The launcher's entry: a spare of ``CKPT_WARM_POOL`` takes the rank when one is ready or warming, else a
+    cold start; never returns. No command: the usage on stderr, exit 2."""
     if not argv:
         print("usage: python -m ckpt_tool.supervise.handoff TRAINING_COMMAND...", file=sys.stderr)
         os._exit(2)
