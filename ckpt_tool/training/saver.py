@@ -79,6 +79,9 @@ class Saver:
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, extra: dict[str, Any] | None) -> None:
+        """Save ``step`` (collective: every rank calls it with the same step) with ``extra`` in the rank state,
+        after waiting for the save in flight; with ``async_save`` it returns once the state is staged and the
+        commit goes on in the background. A failed save goes through ``handle_error``: a warning, or raised."""
         self.wait()  # at most one save in flight
         self._check_step_grows(step)
         self.ensure_run_id()
@@ -291,6 +294,8 @@ class Saver:
 
     # ------------------------------------------------------------------ waiting and shutdown
     def wait_for_staging(self) -> None:
+        """Wait until the in-flight async save has copied the state off the tensors (they may change again
+        after); re-raises the staging's failure."""
         with span("save.staging_wait"):
             staging, self._staging = self._staging, None
             if staging is not None:
@@ -308,6 +313,8 @@ class Saver:
                     self.handle_error(exc)
 
     def shutdown(self) -> None:
+        """Stop the background executor without waiting and close the stager; call ``wait`` first to keep the
+        save in flight."""
         self._executor.shutdown(wait=False)
         if self._stager is not None:
             self._stager.close()

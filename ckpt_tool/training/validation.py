@@ -25,6 +25,9 @@ def validate_checkpoint(
     on_bytes: Callable[[int], None] | None = None,
     hashes: bool = True,
 ) -> ValidationResult:
+    """Judge ``step``: the store's files (sizes, and hashes with ``hashes``; only ``ranks``' files when given),
+    then, when rank 0's files are among them, the mesh checks and every file the DCP metadata references listed
+    in the manifest. Problems are returned, never raised; files this user cannot read go in ``unreadable``."""
     result = store.check_files(step, ranks, threads, on_bytes, hashes)
     if result.manifest is None or (ranks is not None and 0 not in ranks):
         return result

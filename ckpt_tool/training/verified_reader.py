@@ -188,6 +188,9 @@ class StreamingVerifiedReader(SafeFileSystemReader):
         self.verify_with, self.threads, self.chunk_bytes = verify_with, max(1, threads), chunk_bytes
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        """Load ``plan``'s items, one thread per file: each file streamed, hashed and checked against the manifest
+        before its buffered items are loaded. Returns a completed future; raises ``CkptError`` naming a file whose
+        size or hash does not match."""
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
