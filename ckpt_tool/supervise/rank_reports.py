@@ -15,6 +15,10 @@ REPORTS = frozenset({"stopped", "exiting", "crashed", "terminated", "fatal"})
 
 @dataclass
 class RankReports:
+    """What the node's ranks told their watchdog in one attempt, by rank pid (``take`` records it): why a
+    rank died, who exited cleanly, the first error a restart cannot fix, and the step a requested or unrequested
+    stop checkpointed."""
+
     said: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank pid -> (cause, reason) it told before dying
     exited_cleanly: set[int] = field(default_factory=set)  # ranks that said goodbye (normal exit)
     fatal: dict[str, Any] | None = None  # a rank's error that a restart cannot fix

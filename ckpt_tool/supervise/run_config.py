@@ -19,6 +19,10 @@ ELASTIC_LAST_CALL_S = 10
 
 @dataclass(frozen=True)
 class RunConfig:
+    """Everything ``ckpt run`` needs: the training command, directories, torchrun's layout and rendezvous, the
+    restart and crash-loop limits, seconds for the grace, stop deadline and poll, timeouts and straggler
+    policies. Raises ``CkptError`` (USAGE) at construction for an empty command or a count out of range."""
+
     command: tuple[str, ...]  # the training script and its arguments, or ("-m", module, ...)
     run_dir: Path
     ckpt_dir: Path | None = None  # exported to the ranks as CKPT_DIR; its LATEST names the newest checkpoint

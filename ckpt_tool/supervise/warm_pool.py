@@ -34,6 +34,10 @@ REQUEST_SETTLE_S = 2.0  # after asking for spares, wait this long before asking 
 
 
 class WarmPool:
+    """The node's spares in ``directory`` (created, 0700; it must not exist): starts the spare maker with
+    ``env`` and ``imports`` at once, output to ``log``. ``off_reason`` is set, once, when the pool stops
+    making spares; ``close`` ends the maker and its spares."""
+
     def __init__(self, directory: Path, size: int, env: Mapping[str, str], imports: tuple[str, ...], log: Path) -> None:
         directory.mkdir(mode=0o700)
         self.directory, self.size, self.log, self.env = directory, size, log, dict(env)

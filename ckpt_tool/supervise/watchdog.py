@@ -100,11 +100,15 @@ class Watchdog:
 
     # ------------------------------------------------------------------ events
     def event(self, event: str, **data: Any) -> None:
+        """Log ``event`` to the run directory's events (with this node, round and attempt unless given) and pass
+        the record to ``report``."""
         data.setdefault("attempt", self.attempt)
         self.report(note(self.cfg.run_dir, event, node=self.cfg.node, round=self.cfg.round_id, **data))
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
+        """Run the training under torchrun, supervised until it ends, and return the exit code ``ckpt run`` exits
+        with. Whatever happens, torchrun, the ranks and the spares are gone and the timeouts are saved on return."""
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.durations = read_timeouts(self.cfg.run_dir) or DurationLog()
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
@@ -395,4 +399,5 @@ class Watchdog:
             self.event("stop_requested", ranks=sorted(self.beats), purpose=purpose, signals=sorted(self.stop_signals), note=why)
 
     def timeouts(self) -> dict[str, float]:
+        """The hang timeouts in force now, seconds per phase, calibrated from the durations observed so far."""
         return calibrate(self.durations.durations, self.cfg.timeouts)

@@ -48,6 +48,10 @@ RUN_DIR_ENV = "CKPT_RUN_DIR"  # exported to the ranks by `ckpt run`; else CKPT_D
 
 @dataclass(frozen=True)
 class Resumed:
+    """Where a resume landed: the step loaded and its run id, the batch split to train with from there, the
+    reshard plan when the mesh changed, the ``extra`` saved with it, where it came from, and why newer
+    candidates were passed over (rank 0's words)."""
+
     step: int
     run_id: str
     batch: BatchConfig | None  # the split to train with from here (the reshard plan's, or the saved one)
