@@ -12,7 +12,7 @@ Each repetition runs, in an order rotated between repetitions:
   the 2 new ranks (``training.one_process_layout``: 4 writer threads, fsync, hashed as written)
   and the commit;
 * per_rank: the same with ``--per-rank``: torchrun with 2 ranks (gloo) running
-  ``ckpt_tool.entrypoints.reshard``: each rank builds empty DTensor targets from the metadata,
+  ``ckpt_tool.entrypoints.reshard_copy``: each rank builds empty DTensor targets from the metadata,
   loads its half (every file hash-checked as it is read) and writes its slice (info);
 * reference: in this process, ``torch.distributed.checkpoint.load({"model": sd}, checkpoint_id=
   SRC_STEP, no_dist=True)`` into preallocated tensors (the saved model's own parameters, warm),
@@ -134,7 +134,7 @@ class Offline:
         """Seconds and bytes read of an interpreter that imports what the command imports (torch,
         DCP, the CLI and the copy's modules) and does nothing else: the floor of any command."""
         before = read_chars()
-        imports = "import torch, torch.distributed.checkpoint, ckpt_tool.cli.main, ckpt_tool.entrypoints.reshard"
+        imports = "import torch, torch.distributed.checkpoint, ckpt_tool.cli.main, ckpt_tool.entrypoints.reshard_copy"
         seconds, _ = common.time_command([sys.executable, "-c", imports])
         return seconds, read_chars() - before
 

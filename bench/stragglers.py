@@ -54,7 +54,7 @@ from common import Result, Row, Stats
 from watchdog import Job, steps_per_s
 
 from ckpt_tool.core.stragglers import StepTiming, StragglerDetector, StragglerPolicy
-from ckpt_tool.supervise.rank_health import read_rank_health
+from ckpt_tool.supervise.rank_vitals import read_rank_health
 from ckpt_tool.training.step_timing import StepTimer
 
 SLOW_FROM = 100

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from ckpt_tool import __version__
-from ckpt_tool.cli import changes, checkpoints, contents, demo, jobs, nodes, plan, runs
+from ckpt_tool.cli import changes, checkpoints, contents_commands, demo, jobs, nodes, plan, runs
 from ckpt_tool.cli.help import Command, Group
 from ckpt_tool.cli.output import err
 from ckpt_tool.errors import CkptError
@@ -47,10 +47,10 @@ app.command("demo", cls=Command)(demo.demo)
 app.command("list", cls=Command)(checkpoints.list_checkpoints)
 app.command("validate", cls=Command)(checkpoints.validate)
 app.command("verify", cls=Command)(checkpoints.verify)
-app.command("export", cls=Command)(contents.export)
-app.command("inspect", cls=Command)(contents.inspect)
-app.command("du", cls=Command)(contents.du)
-app.add_typer(contents.quarantine_app, name="quarantine")
+app.command("export", cls=Command)(contents_commands.export)
+app.command("inspect", cls=Command)(contents_commands.inspect)
+app.command("du", cls=Command)(contents_commands.du)
+app.add_typer(contents_commands.quarantine_app, name="quarantine")
 app.command("rollback", cls=Command)(changes.rollback)
 app.command("prune", cls=Command)(changes.prune)
 app.command("reshard", cls=Command)(changes.reshard)

@@ -160,18 +160,18 @@ def write_copy(store: CheckpointStore, report: ReshardReport, out_dir: Path, mic
     """``--out``: in this process, or under torchrun with one process per new rank."""
     import psutil
 
-    from ckpt_tool.core.reshard import copy_in_one_process
+    from ckpt_tool.core.reshard_plan import copy_in_one_process
     from ckpt_tool.training.config import DEFAULT_IO_THREADS
 
     tp = report.new_mesh.size("tp")
     state_bytes = store.read_manifest(report.step).total_bytes
     if copy_in_one_process(state_bytes, psutil.virtual_memory().available, one_process):
-        from ckpt_tool.entrypoints.reshard import reshard_in_one_process
+        from ckpt_tool.entrypoints.reshard_copy import reshard_in_one_process
 
         reshard_in_one_process(store.root, report.step, out_dir, report.new_world_size, tp, micro_batch, DEFAULT_IO_THREADS)
         return
     run_entry(
-        "ckpt_tool.entrypoints.reshard",
+        "ckpt_tool.entrypoints.reshard_copy",
         report.new_world_size,
         [str(store.root), str(report.step), str(out_dir), str(tp), *([str(micro_batch)] if micro_batch else [])],
         "writing the resharded copy",

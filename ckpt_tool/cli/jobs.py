@@ -18,7 +18,7 @@ import typer
 from ckpt_tool.cli.options import JsonTextOpt, json_option, run_dir_option
 from ckpt_tool.cli.output import err, escape, human, out, print_json
 from ckpt_tool.cli.targets import run_dir_for
-from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER
+from ckpt_tool.core.node_ledger import DEFAULT_SUSPECT_AFTER
 from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.core.timeouts import PHASES, TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode

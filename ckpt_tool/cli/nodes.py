@@ -9,7 +9,7 @@ import typer
 from ckpt_tool.cli.options import DirArg, JsonTextOpt, run_dir_option
 from ckpt_tool.cli.output import err, escape, human, out, print_json
 from ckpt_tool.cli.targets import run_dir_for
-from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER
+from ckpt_tool.core.node_ledger import DEFAULT_SUSPECT_AFTER
 
 
 def nodes(

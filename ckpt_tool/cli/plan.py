@@ -37,7 +37,7 @@ def _measured_step(target: Path, checkpoint_s: float) -> StepTime:
     """The step time the ranks measured in this run (checkpoint or run directory), and its source."""
     from ckpt_tool.cli.targets import locate
     from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.supervise.rank_health import read_rank_health
+    from ckpt_tool.supervise.rank_vitals import read_rank_health
 
     run_dir, ckpt_dir = locate(target, "--run-dir", job_id_too=False)
     commits = []

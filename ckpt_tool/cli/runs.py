@@ -12,7 +12,7 @@ import typer
 from ckpt_tool.cli.options import JsonTextOpt
 from ckpt_tool.cli.output import Column, err, escape, out, print_json, print_table, shorten
 from ckpt_tool.cli.targets import locate
-from ckpt_tool.core.health import fold_health
+from ckpt_tool.core.node_ledger import fold_health
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.supervise.run_dir import EVENTS_NAME, read_rank_health
 
@@ -170,7 +170,7 @@ def _print_ranks(ranks: list[dict[str, Any]]) -> None:
 
 
 def _details(e: dict[str, Any], prefix: str = "") -> str:
-    from ckpt_tool.core.story import details
+    from ckpt_tool.core.history import details
 
     return prefix + details(e)
 
@@ -195,7 +195,7 @@ def history(
     as_json: bool = JsonTextOpt,
 ) -> None:
     """The run's timeline: saves, failures, restarts, requeues and rollbacks (and a picture of it: --plot)."""
-    from ckpt_tool.core.story import KNOWN_EVENTS, parse_since, select, unknown_events
+    from ckpt_tool.core.history import KNOWN_EVENTS, parse_since, select, unknown_events
     from ckpt_tool.store.store import CheckpointStore
     from ckpt_tool.supervise.run_dir import load_events
 
@@ -230,7 +230,7 @@ def history(
     if metrics is not None and plot is None:
         raise CkptError("--metrics draws the loss curve of --plot", "add --plot PATH.png", ExitCode.USAGE)
     if plot is not None:
-        from ckpt_tool.core.story import story
+        from ckpt_tool.core.history import story
         from ckpt_tool.ops.plot import draw, read_metrics
 
         told = story(timeline, read_metrics(metrics) if metrics is not None else None)

@@ -32,7 +32,7 @@ class BatchConfig:
 @dataclass(frozen=True)
 class BatchRequest:
     """What a training command asked for (None: not given). Resolved at the world size it runs at:
-    on a fresh start by ``resolve_batch``; on a resume by ``core.reshard.plan_resume``, where the
+    on a fresh start by ``resolve_batch``; on a resume by ``core.reshard_plan.plan_resume``, where the
     checkpoint's global batch wins unless ``global_batch`` is given explicitly (a deliberate change)
     and ``micro_batch`` is kept when it divides the per-rank share."""
 

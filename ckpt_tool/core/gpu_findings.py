@@ -5,7 +5,7 @@
   Reported (``gpu_idle``) once per episode, seconds before the phase timeout would fire; the
   timeout still decides the kill (an idle GPU alone can be a rank doing CPU work).
 - An uncorrectable ECC error or a critical XID (the driver's error codes) is a hardware fault
-  (``gpu_error``): the node is suspect at once (``core.health``), not after repeated failures.
+  (``gpu_error``): the node is suspect at once (``core.node_ledger``), not after repeated failures.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ TORCHRUN_RANK_VARS = frozenset(
 TORCHRUN_PREFIXES = ("TORCHELASTIC_",)
 # The pool directory's files, ``<pid><suffix>``: a spare ready for a launcher (its listening
 # socket), the spare maker still importing, a spare's or rank's exit status, a spare a launcher
-# refused (why). Written and read by supervise.zygote, warm_rank, handoff and warm_pool.
+# refused (why). Written and read by supervise.spare_maker, warm_rank, handoff and warm_pool.
 READY, WARMING, EXIT, REFUSED = ".sock", ".warming", ".exit", ".refused"
 # Set by the takeover itself (the rank can tell it started warm); never a conflict.
 WARM_MARKER = "CKPT_WARM_START"

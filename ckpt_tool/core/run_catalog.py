@@ -2,7 +2,7 @@
 and every event ckpt-tool writes, with its fields, who writes it and what it means.
 
 Pure (no I/O): ``supervise.run_dir`` reads and writes the files by these names and refuses to
-write an event that is not listed here; ``ckpt history`` (``core.story.KNOWN_EVENTS``) and the
+write an event that is not listed here; ``ckpt history`` (``core.history.KNOWN_EVENTS``) and the
 README's tables come from the same lists. A user's own events (``ckpt note RUN_DIR user.NAME``)
 carry the ``user.`` prefix and are written as given.
 

@@ -12,7 +12,7 @@ records the new mesh (``TP`` and data parallel the rest), which the resume plans
 new rank's JSON state is taken as a resume on that mesh would take it
 (``training.rank_state.read_rank_state``: keyed by mesh coordinates).
 
-    torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.reshard RESULT.json SRC STEP DST TP [MICRO_BATCH]
+    torchrun --standalone --nproc-per-node N -m ckpt_tool.entrypoints.reshard_copy RESULT.json SRC STEP DST TP [MICRO_BATCH]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.contents import Quarantined, bucket, parse_quarantined, placement
+from ckpt_tool.core.contents_rules import Quarantined, bucket, parse_quarantined, placement
 from ckpt_tool.errors import CkptError, ConflictError, DamageError, ExitCode
 from ckpt_tool.store.durable import fsync_dir
 from ckpt_tool.store.store import CheckpointStore, ValidationResult

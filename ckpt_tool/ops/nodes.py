@@ -1,6 +1,6 @@
 """``ckpt nodes``: the batch script asks which nodes to go on with; the answer is recorded.
 
-The decision is ``core.health.plan_nodes`` over the ledger folded from the run's events; this
+The decision is ``core.node_ledger.plan_nodes`` over the ledger folded from the run's events; this
 module adds the facts it needs from disk (the newest checkpoint) and records a shrink or an
 exclusion in the event log (``nodes_left_behind``), where the ledger, ``ckpt status`` and
 ``ckpt history`` find it. The batch script only carries the plan out (``scontrol``).
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, LEAVE_EVENT, NodePlan, fold_health, last_round_finished, plan_nodes
+from ckpt_tool.core.node_ledger import DEFAULT_SUSPECT_AFTER, LEAVE_EVENT, NodePlan, fold_health, last_round_finished, plan_nodes
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.store import newest_step
-from ckpt_tool.supervise import health
+from ckpt_tool.supervise import round_end
 from ckpt_tool.supervise.run_dir import note, read_events
 
 
@@ -39,5 +39,5 @@ def decide_nodes(
         record = note(
             run_dir, LEAVE_EVENT, action=plan.action, drop=list(plan.drop), keep=list(plan.keep), reason=plan.reason, checkpoint=newest
         )
-        health.write_ledger(run_dir, fold_health([*events, record]), suspect_after)
+        round_end.write_ledger(run_dir, fold_health([*events, record]), suspect_after)
     return plan

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ckpt_tool.core.story import KINDS, Story
+from ckpt_tool.core.history import KINDS, Story
 from ckpt_tool.errors import CkptError, ExitCode
 
 COLORS = {

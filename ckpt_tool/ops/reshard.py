@@ -2,7 +2,7 @@
 
 The new mesh is the saved one with the world size (and ``--tp``) given: the model-parallel sizes
 stay unless changed, the data-parallel size is what is left (``core.mesh.mesh_for``). The plan
-(``core.reshard``) checks the mesh fits the model and keeps the global batch; the shape check
+(``core.reshard_plan``) checks the mesh fits the model and keeps the global batch; the shape check
 reads tensor shapes from the DCP metadata (safely) and refuses a size that leaves ranks without
 rows. ``--in-place`` records the plan in the manifest's lineage, where the checkpoint manager
 finds it when the job resumes on that mesh (load-time resharding: DCP reshards as it loads).
@@ -17,7 +17,7 @@ from typing import Any
 
 from ckpt_tool.core import layout
 from ckpt_tool.core.mesh import Mesh, mesh_for
-from ckpt_tool.core.reshard import ReshardPlan, check_shapes, plan_resume
+from ckpt_tool.core.reshard_plan import ReshardPlan, check_shapes, plan_resume
 from ckpt_tool.errors import ExitCode, MisfitError
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import state_codec
@@ -58,7 +58,7 @@ def check_reshard(
 ) -> ReshardReport:
     """Can step ``step`` continue on ``world_size`` ranks (with the model-parallel ``sizes``, e.g.
     ``{"tp": 1}``, else the saved ones)? The mesh, the tensor shapes (every rank needs rows) and
-    the one batch plan (``core.reshard.plan_resume``, the same the resume applies)."""
+    the one batch plan (``core.reshard_plan.plan_resume``, the same the resume applies)."""
     manifest = store.read_manifest(step)
     mesh = mesh_for(world_size, manifest.layout, sizes)
     problems = check_shapes(tensor_shapes(store, step), world_size)

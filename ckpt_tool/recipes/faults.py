@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ckpt_tool.supervise.health import node_name
+from ckpt_tool.supervise.round_end import node_name
 
 CRASH_MARKER = ".tiny_gpt_crashed_at_{step}"
 NODE_FAULTS = ".tiny_gpt_node_faults"  # one line per injected node fault (--fail-on-node)

@@ -1,7 +1,7 @@
 """The claim on a checkpoint directory: which job writes it (``DIR/.owner.json``), composed into
 ``CheckpointStore`` as ``store.owner``.
 
-The decision who may write is ``core.ownership``'s; this record reads and writes the owner file,
+The decision who may write is ``core.claim_rules``'s; this record reads and writes the owner file,
 remembers the claim this process made, and tells the store's ``changing()`` when another job
 has taken the directory over since. It takes no lock itself: the store calls it under its lock.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from ckpt_tool.core import layout
-from ckpt_tool.core.ownership import Owner, decide, same_claim
+from ckpt_tool.core.claim_rules import Owner, decide, same_claim
 from ckpt_tool.errors import ConflictError, ExitCode
 from ckpt_tool.store.durable import atomic_write
 

@@ -28,11 +28,11 @@ from pathlib import Path
 from stat import S_ISREG
 
 from ckpt_tool.core import layout
+from ckpt_tool.core.claim_rules import Owner
 from ckpt_tool.core.file_checks import DiskEntry, Problem, hash_problems, structure_problems
 from ckpt_tool.core.index import EventLog, IndexEvent, format_event, parse_index
 from ckpt_tool.core.listing import commit_summary
 from ckpt_tool.core.manifest import Manifest
-from ckpt_tool.core.ownership import Owner
 from ckpt_tool.errors import CkptError, DamageError, ExitCode, PermissionDeniedError
 from ckpt_tool.store.checksums import hash_files
 from ckpt_tool.store.claim import OwnerRecord
@@ -477,7 +477,7 @@ class CheckpointStore:
 
     # ----------------------------------------------------------------- the claim (store.claim)
     def claim(self, me: Owner, stale_after_s: float, take_over: bool) -> str:
-        """Become the directory's writer, or raise naming the job that is (see core.ownership).
+        """Become the directory's writer, or raise naming the job that is (see core.claim_rules).
         Returns why the claim was allowed."""
         with self.changing(check_owner=False):
             claimed = self.owner.take(me, stale_after_s, take_over)

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from ckpt_tool.core.gpu_health import GpuSample
+from ckpt_tool.core.gpu_findings import GpuSample
 
 ENV_FAKE = "CKPT_FAKE_NVML"
 

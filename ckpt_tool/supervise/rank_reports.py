@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_tool.core.health import classify_crash
+from ckpt_tool.core.node_ledger import classify_crash
 from ckpt_tool.errors import RESTART_CANNOT_HELP
 
 REPORTS = frozenset({"stopped", "exiting", "crashed", "terminated", "fatal"})

@@ -3,7 +3,7 @@
 The ranks' step timings arrive on their beats (``training.step_timing``), already holding their
 peers' medians across the whole job; ``core.stragglers`` keeps the rolling statistics and says
 when a rank straggles. Once a second the node's GPUs are read (``supervise.gpu_monitor``) and
-``core.gpu_health`` says which rank's GPU idles while its peers work, and which reported a
+``core.gpu_findings`` says which rank's GPU idles while its peers work, and which reported a
 hardware error. The findings go back to the watchdog as events; every two seconds the standing
 of this node's ranks is written to ``RUN_DIR/rank_health.NODE.json`` for ``ckpt status``.
 """
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ckpt_tool.core.gpu_health import GpuSample, GpuWatch
+from ckpt_tool.core.gpu_findings import GpuSample, GpuWatch
 from ckpt_tool.core.run_catalog import RANK_HEALTH_PATTERN
 from ckpt_tool.core.stragglers import RankScore, StepTiming, StragglerDetector, StragglerPolicy
 from ckpt_tool.supervise.gpu_monitor import GpuReader, device_of_local_rank

@@ -1,6 +1,6 @@
 """The health ledger on disk: ``RUN_DIR/health.json`` and the end-of-round marker.
 
-The ledger is folded (``core.health.fold_health``) from the run's events, which every node's
+The ledger is folded (``core.node_ledger.fold_health``) from the run's events, which every node's
 ``ckpt run`` appends to the shared run directory; ``health.json`` is its latest fold, written
 atomically for people and tools (``ckpt status`` folds the events itself). When one watchdog
 finds a suspect node in its round it writes ``round_end.json``; every watchdog of the round
@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER, HealthLedger, fold_health
+from ckpt_tool.core.node_ledger import DEFAULT_SUSPECT_AFTER, HealthLedger, fold_health
 from ckpt_tool.supervise import run_dir as files
 from ckpt_tool.supervise.run_dir import HEALTH_NAME, ROUND_END_NAME, read_events
 

@@ -6,11 +6,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_tool.core.health import DEFAULT_SUSPECT_AFTER
+from ckpt_tool.core.node_ledger import DEFAULT_SUSPECT_AFTER
 from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.core.timeouts import TimeoutPolicy
 from ckpt_tool.errors import CkptError, ExitCode
-from ckpt_tool.supervise import health
+from ckpt_tool.supervise import round_end
 from ckpt_tool.supervise.channel import ENV_SOCKET
 from ckpt_tool.supervise.handoff import ENV_POOL
 
@@ -36,8 +36,8 @@ class RunConfig:
     stop_deadline_s: float = 300.0
     poll_s: float = 0.2
     timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
-    node: str = field(default_factory=health.node_name)  # SLURM's node name, else the host name
-    round_id: str = field(default_factory=health.round_id)  # one srun step: every node's ckpt run shares it
+    node: str = field(default_factory=round_end.node_name)  # SLURM's node name, else the host name
+    round_id: str = field(default_factory=round_end.round_id)  # one srun step: every node's ckpt run shares it
     suspect_after: int = DEFAULT_SUSPECT_AFTER
     warm: bool = True  # pre-warmed spare rank processes (supervise.warm_pool)
     warm_imports: tuple[str, ...] = ()  # more modules for the spares to import (the user's heavy ones)

@@ -97,7 +97,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def write_health(run_dir: Path, ledger: Mapping[str, Any]) -> None:
-    """``health.json``: the ledger's latest fold (``core.health.HealthLedger.to_json``), with the time."""
+    """``health.json``: the ledger's latest fold (``core.node_ledger.HealthLedger.to_json``), with the time."""
     _write(run_dir / HEALTH_NAME, {"time": time.time(), **ledger})
 
 

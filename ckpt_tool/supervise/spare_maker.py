@@ -1,7 +1,7 @@
 """The spare maker: one process per node that imports torch and the checkpoint code once, then
 forks a spare rank process (``supervise.warm_rank``) whenever ``ckpt run`` asks.
 
-``python -u -m ckpt_tool.supervise.zygote POOL_DIR [MODULE...]``, started by ``ckpt run``'s
+``python -u -m ckpt_tool.supervise.spare_maker POOL_DIR [MODULE...]``, started by ``ckpt run``'s
 ``WarmPool`` with a pipe on its standard input: a line ``fill N`` forks spares until N wait; end of
 input (``ckpt run`` closing or gone) kills the spares nobody took and ends it once its children
 are gone (1 s at most: ``ckpt run`` ends the ranks itself). A fork costs milliseconds and shares

@@ -1,6 +1,6 @@
 """The node's pool of pre-warmed spare rank processes, kept by ``ckpt run``'s watchdog.
 
-One spare per local rank, forked by the node's spare maker (``supervise.zygote``, which imports
+One spare per local rank, forked by the node's spare maker (``supervise.spare_maker``, which imports
 torch and the checkpoint code once): the maker starts with ``ckpt run`` itself (so that the first
 ranks' imports overlap torchrun's start-up), and spares are forked again whenever the ranks of
 an attempt train (a restart took them). The pool's directory holds ``<pid>.warming`` (the maker
@@ -26,7 +26,7 @@ from typing import Any
 
 from ckpt_tool.core.handoff import REFUSED, WARMING
 from ckpt_tool.supervise.processes import ignore_usr1, kill_tree
-from ckpt_tool.supervise.zygote import OFF, untaken
+from ckpt_tool.supervise.spare_maker import OFF, untaken
 
 __all__ = ["WarmPool"]
 
@@ -47,7 +47,7 @@ class WarmPool:
         self._started_at: float | None = None  # when the spares now coming were asked for
         with open(log, "ab") as out:
             self.maker = subprocess.Popen(
-                [sys.executable, "-u", "-m", "ckpt_tool.supervise.zygote", str(directory), *imports],
+                [sys.executable, "-u", "-m", "ckpt_tool.supervise.spare_maker", str(directory), *imports],
                 env=self.env,
                 stdin=subprocess.PIPE,
                 stdout=out,

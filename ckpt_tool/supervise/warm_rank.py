@@ -1,4 +1,4 @@
-"""A spare rank process: forked by the spare maker (``supervise.zygote``) with torch and the
+"""A spare rank process: forked by the spare maker (``supervise.spare_maker``) with torch and the
 checkpoint code already imported, it waits for a rank that torchrun starts (``supervise.handoff``)
 and runs the training command as ``__main__``, as ``python -u`` would.
 
@@ -177,7 +177,7 @@ def leave(code: int, namespaces: list[dict[str, Any]]) -> NoReturn:
 
 
 def serve(pool: Path, maker: int, spawned_with: dict[str, str], ready: int) -> NoReturn:
-    """A spare's life, in a process forked by the spare maker (``supervise.zygote``): wait for a
+    """A spare's life, in a process forked by the spare maker (``supervise.spare_maker``): wait for a
     launcher, take its rank over (or be refused), run the rank, leave."""
     set_title = _title_setter()
     conn = wait_for_launcher(pool, maker, ready)

@@ -10,14 +10,14 @@ rendezvous. The watchdog adds what torchrun lacks:
 - **crash loops**: ``crash_loop`` failures in a row without a new checkpoint stop the job;
 - **a node that keeps failing**: every rank exit is logged with its node and cause (its own
   crash, a kill, a hang, or a victim of a peer's failure); after each failure the health ledger
-  (``supervise.health``) is folded from the run's events, and when a node of this round is
+  (``supervise.round_end``) is folded from the run's events, and when a node of this round is
   suspect every node's ``ckpt run`` ends the round (exit 77) so that the batch script can leave
   that node behind;
 - **preemption**: SIGUSR1 or SIGTERM asks the ranks (on the channel, not by torchrun's signal
   forwarding) to checkpoint at the next step and stop; the exit status says "requeue me";
 - **restarts without imports**: a pre-warmed spare per local rank takes the next rank over
   (``supervise.warm_pool``); the ranks left after a failure are ended at once, not waited for;
-- **stragglers and GPUs** (``supervise.rank_health``): a rank that stays slower than its peers,
+- **stragglers and GPUs** (``supervise.rank_vitals``): a rank that stays slower than its peers,
   a GPU idle while its peers work, a GPU hardware error; a node suspect while the training goes
   on (a GPU error; a straggler with ``--straggler-suspect``) ends the round after a checkpoint;
 - an event log (``events.jsonl``) and phase durations (``timeouts.json``) in the run directory.
@@ -42,11 +42,11 @@ from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, beat_of, find_han
 from ckpt_tool.core.timeouts import DurationLog, calibrate
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.store.store import newest_step
-from ckpt_tool.supervise import channel, health
+from ckpt_tool.supervise import channel, round_end
 from ckpt_tool.supervise.gpu_monitor import open_reader
 from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree
-from ckpt_tool.supervise.rank_health import RankHealth
 from ckpt_tool.supervise.rank_reports import RankReports
+from ckpt_tool.supervise.rank_vitals import RankHealth
 from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
 from ckpt_tool.supervise.run_dir import note, read_timeouts, write_ranks, write_timeouts
 from ckpt_tool.supervise.warm_pool import WarmPool
@@ -90,7 +90,7 @@ class Watchdog:
         self.reports = RankReports()
         self.closing: dict[int, Beat] = {}  # ranks of an attempt that lost a rank, until each is gone
         self.local_ranks: dict[int, int] = {}
-        self.round = health.RoundWatch(cfg.run_dir, cfg.round_id, cfg.node, cfg.suspect_after)
+        self.round = round_end.RoundWatch(cfg.run_dir, cfg.round_id, cfg.node, cfg.suspect_after)
         self.closed_at: float | None = None  # when the current attempt lost a rank
         self.judged: set[int] = set()  # attempts whose failure the health ledger has judged
         self.durations = DurationLog()
@@ -284,7 +284,7 @@ class Watchdog:
 
     def _check_deaths(self) -> None:
         """A rank process that vanished without saying goodbye: logged within one poll, with its
-        node and cause (see ``core.health``); torchrun sees it too and restarts the group, which
+        node and cause (see ``core.node_ledger``); torchrun sees it too and restarts the group, which
         counts as the failure (see ``_handle``). The attempt is then over: its survivors are
         being torn down by torchrun, and judging their silence would report hangs that are not;
         their exits are still logged (victims or further culprits) until the next attempt."""
@@ -367,7 +367,7 @@ class Watchdog:
             if suspect and self.round.over is None:
                 self._judge(checkpoint_first=True)
 
-    def _round_end(self, ended: health.RoundEnd | None, ranks_gone: bool = False) -> None:
+    def _round_end(self, ended: round_end.RoundEnd | None, ranks_gone: bool = False) -> None:
         """This round ends (a node's watchdog wrote the marker): at once, or after a checkpoint
         when the ranks still train (the stop request goes to every rank of the job)."""
         stopped = ranks_gone or self.reports.stopped_unasked is not None  # after the checkpoint: end as they exit

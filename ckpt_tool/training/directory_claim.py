@@ -1,4 +1,4 @@
-"""One job writes a checkpoint directory at a time (the decision: ``core.ownership``).
+"""One job writes a checkpoint directory at a time (the decision: ``core.claim_rules``).
 
 Rank 0 claims the directory before the first resume or save and keeps the claim alive from a
 thread every ``OWNER_REFRESH_S``, whatever the training loop does (a long evaluation must not
@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 
-from ckpt_tool.core.ownership import Owner
+from ckpt_tool.core.claim_rules import Owner
 from ckpt_tool.errors import CkptError
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training.comm import Comm
@@ -24,7 +24,7 @@ OWNER_REFRESH_S = 30.0  # how often the writing job says it is alive (one small 
 
 
 class DirectoryClaim:
-    """This job's claim on the checkpoint directory (``core.ownership`` decides): claimed by rank 0 on
+    """This job's claim on the checkpoint directory (``core.claim_rules`` decides): claimed by rank 0 on
     ``ensure``, then kept alive from a daemon thread until ``stop``. ``stale_after_s``: seconds without a
     refresh after which another job's claim counts as dead; ``take_over``: take the directory whatever
     its owner."""

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ckpt_tool.core.handoff import WARM_MARKER
-from ckpt_tool.core.health import classify_crash
+from ckpt_tool.core.node_ledger import classify_crash
 from ckpt_tool.supervise import channel
 from ckpt_tool.training.step_timing import StepTimer
 

@@ -37,16 +37,16 @@ from torch import nn
 
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.core.reshard import ReshardPlan
+from ckpt_tool.core.reshard_plan import ReshardPlan
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import progress, state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig, Stateful
+from ckpt_tool.training.directory_claim import DirectoryClaim
 from ckpt_tool.training.heartbeat import Heartbeat, heartbeat
 from ckpt_tool.training.local_tier import LocalTier
 from ckpt_tool.training.mesh import run_mesh
-from ckpt_tool.training.ownership import DirectoryClaim
 from ckpt_tool.training.probe import ProbeSpec, current_env
 from ckpt_tool.training.rank_state import TrainingState
 from ckpt_tool.training.resume import Resumed, Resumption

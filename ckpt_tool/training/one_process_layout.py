@@ -3,7 +3,7 @@
 The source is loaded once, whole, into plain tensors: each file read once, hash-checked as it is
 read (``safe_dcp.load_state``). DCP's own save protocol then runs for N virtual ranks in this
 process: each rank's plan holds its rows of every sharded tensor (the split ``Shard(0)`` gives on
-N ranks, as ``entrypoints.reshard`` writes with N real ranks) and rank 0 holds the rest; DCP's
+N ranks, as ``entrypoints.reshard_copy`` writes with N real ranks) and rank 0 holds the rest; DCP's
 planner checks that the plans cover every tensor exactly once and builds the metadata, and its
 ``FileSystemWriter`` writes ``__R_0.distcp`` for each R. The files are the ones N ranks saving the
 same state would write, so torch's ``dcp.load`` and ``dcp_to_torch_save`` read them.

@@ -26,7 +26,7 @@ from ckpt_tool.core.exactness import trajectory_differences
 from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.recovery import RECOVER_NAME, Damaged, Recorded, Resume, plan, stale_because
-from ckpt_tool.core.reshard import ReshardPlan, plan_resume
+from ckpt_tool.core.reshard_plan import ReshardPlan, plan_resume
 from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store import recovery
 from ckpt_tool.store.checksums import binding_seed
@@ -286,7 +286,7 @@ class Resumption:
         return batch
 
     def _plan_reshard(self, manifest: Manifest) -> ReshardPlan:
-        """A different mesh: the one plan (``core.reshard.plan_resume``, the same ``ckpt recover``
+        """A different mesh: the one plan (``core.reshard_plan.plan_resume``, the same ``ckpt recover``
         reports) checks the mesh fits the model, keeps the global batch and changes it only when
         the run gives another one explicitly."""
         plan = plan_resume(manifest.batch, manifest.layout, manifest.lineage, self.mesh, requested=self.requested)

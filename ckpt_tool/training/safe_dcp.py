@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from ckpt_tool.core.fit import fit_problems
+from ckpt_tool.core.state_fit import fit_problems
 from ckpt_tool.errors import CkptError, DamageError, ExitCode, MisfitError, PermissionDeniedError
 from ckpt_tool.timing import span
 from ckpt_tool.training.hashing_fs import HashingFileSystem

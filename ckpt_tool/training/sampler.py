@@ -3,7 +3,7 @@ number of ranks neither skips nor repeats a sample.
 
 Each step every rank draws the same global batch of sample indices (``next_global_batch``);
 data-parallel rank ``r`` takes its micro-batches as contiguous slices of it
-(``micro_batch_indices``, ``core.reshard.micro_batch_slice``): every rank of one data-parallel
+(``micro_batch_indices``, ``core.reshard_plan.micro_batch_slice``): every rank of one data-parallel
 group (the tensor-parallel peers) takes the same samples.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ckpt_tool.core.batch import BatchConfig
-from ckpt_tool.core.reshard import micro_batch_slice
+from ckpt_tool.core.reshard_plan import micro_batch_slice
 
 
 class GlobalSampler:

@@ -108,7 +108,7 @@ def test_a_job_whose_directory_was_taken_over_can_no_longer_commit(tmp_path):
 
 def test_the_claim_is_kept_alive_while_the_loop_does_not_call_the_manager(tmp_path, monkeypatch):
     # A long evaluation without maybe_save() must not make the job look dead to a second job.
-    import ckpt_tool.training.ownership as ownership_module
+    import ckpt_tool.training.directory_claim as ownership_module
 
     monkeypatch.setattr(ownership_module, "OWNER_REFRESH_S", 0.2)
     t = make_trainer(tmp_path / "c")

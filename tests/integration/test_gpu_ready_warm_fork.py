@@ -1,4 +1,4 @@
-"""The warm pool never forks a process that started a thread pool or CUDA (supervise.zygote):
+"""The warm pool never forks a process that started a thread pool or CUDA (supervise.spare_maker):
 ``ckpt run --warm-import MODULE`` with a real module that runs a multi-threaded torch operation
 at import goes on cold, with a warning naming the module; one that only imports torch stays warm."""
 

@@ -80,7 +80,7 @@ def test_a_resume_and_a_validation_emit_the_load_and_check_spans(tmp_path):
 
 def test_the_one_process_reshard_copy_emits_its_load_write_and_commit(tmp_path):
     from ckpt_tool.core.batch import BatchConfig
-    from ckpt_tool.entrypoints.reshard import reshard_in_one_process
+    from ckpt_tool.entrypoints.reshard_copy import reshard_in_one_process
     from ckpt_tool.training.config import CheckpointConfig
     from ckpt_tool.training.manager import CheckpointManager
 

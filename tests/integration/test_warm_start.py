@@ -21,8 +21,8 @@ import pytest
 
 from ckpt_tool.recipes.launch import ckpt_run_command
 from ckpt_tool.supervise.handoff import ENV_POOL
+from ckpt_tool.supervise.spare_maker import untaken
 from ckpt_tool.supervise.warm_pool import WarmPool
-from ckpt_tool.supervise.zygote import untaken
 
 SCRIPT = """
 import json, os, sys, time

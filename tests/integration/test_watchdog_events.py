@@ -104,13 +104,13 @@ def test_ranks_that_stopped_for_another_nodes_round_end_end_this_node_with_77_no
     stop reached this node's ranks through the job's step sync before this watchdog read b's
     marker: the ranks exit 0, and this node must still end the round (77), not report "finished"."""
     from ckpt_tool.errors import ExitCode
-    from ckpt_tool.supervise import health
+    from ckpt_tool.supervise import round_end
 
     cfg = RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1")
     w = Watchdog(cfg, report=lambda line: None)
     w._handle(beat(0, 14, "step"), 1.0)
     w._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)  # not asked by this watchdog
-    health.end_round(tmp_path, "r1", ["b"], "b", checkpoint_first=True)
+    round_end.end_round(tmp_path, "r1", ["b"], "b", checkpoint_first=True)
     assert w._finished(0) == ExitCode.NODE_FAULT
     [ended] = [e for e in read_events(tmp_path) if e["event"] == "round_ended"]
     assert ended["suspects"] == ["b"] and ended["step"] == 14
@@ -118,14 +118,14 @@ def test_ranks_that_stopped_for_another_nodes_round_end_end_this_node_with_77_no
     late = Watchdog(RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1"), report=lambda line: None)
     late._handle(beat(0, 14, "step"), 1.0)
     late._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)
-    late._round_end(health.round_ended(tmp_path, "r1"))  # the marker read after the ranks stopped, before torchrun exited
+    late._round_end(round_end.round_ended(tmp_path, "r1"))  # the marker read after the ranks stopped, before torchrun exited
     assert late._finished(0) == ExitCode.NODE_FAULT
 
     gone = Watchdog(RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1"), report=lambda line: None)
     gone._handle(beat(0, 14, "step"), 1.0)
     gone._handle({"rank": 0, "pid": os.getpid(), "event": "stopped", "step": 14}, 1.1)
     gone.beats = {}  # the ranks exited (their clean exits are forgotten) before the marker was read
-    gone._round_end(health.round_ended(tmp_path, "r1"))
+    gone._round_end(round_end.round_ended(tmp_path, "r1"))
     assert gone._ending(2.0) is None  # not killed as "a node keeps failing": the stop's checkpoint is committed
     assert gone._finished(0) == ExitCode.NODE_FAULT
     assert [e.get("step") for e in read_events(tmp_path) if e["event"] == "round_ended"][-1] == 14
@@ -144,13 +144,13 @@ def test_ranks_gone_after_another_nodes_round_end_stop_kill_torchrun_at_once(tmp
     import time
 
     from ckpt_tool.errors import ExitCode
-    from ckpt_tool.supervise import channel, health
+    from ckpt_tool.supervise import channel, round_end
 
     dead = subprocess.Popen(["true"])
     dead.wait()
     w = Watchdog(RunConfig(command=("x",), run_dir=tmp_path, node="a", round_id="r1"), report=lambda line: None)
     w._handle(beat(0, 14, "step", pid=dead.pid), 1.0)
-    health.end_round(tmp_path, "r1", ["b"], "b", checkpoint_first=True)
+    round_end.end_round(tmp_path, "r1", ["b"], "b", checkpoint_first=True)
     w._handle({"rank": 0, "pid": dead.pid, "event": "stopped", "step": 14}, 1.1)  # before a's watchdog read the marker
     w._handle({"rank": 0, "pid": dead.pid, "event": "exiting"}, 1.2)
     torchrun = subprocess.Popen(["sleep", "60"])  # stands in for a torchrun waiting in its exit barrier

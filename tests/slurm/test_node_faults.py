@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from ckpt_tool.core.health import fold_health
+from ckpt_tool.core.node_ledger import fold_health
 from ckpt_tool.recipes.launch import compare_runs, read_metrics
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.supervise.events import read_events

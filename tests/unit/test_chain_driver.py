@@ -238,7 +238,7 @@ def test_max_requeues_reached_stops_with_75(fake):
 def suspect_events() -> list[dict]:
     """Events that blame n2 twice in a row while n1 was fine: ckpt nodes makes n2 suspect."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_health import exit_, start
+    from test_node_ledger import exit_, start
 
     events = start("r", "n1", "n2")
     for attempt, t in ((0, 1.0), (1, 5.0)):

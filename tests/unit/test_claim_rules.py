@@ -1,4 +1,4 @@
-from ckpt_tool.core.ownership import Owner, decide, same_claim
+from ckpt_tool.core.claim_rules import Owner, decide, same_claim
 
 ME = Owner("200", "nodeA", 10, 1000.0, 1000.0)
 

@@ -1,4 +1,4 @@
-"""core.contents and core.export_plan: placements, quarantine names, du buckets, export names,
+"""core.contents_rules and core.export_plan: placements, quarantine names, du buckets, export names,
 batches and the safetensors header. Pure."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ckpt_tool.core.contents import bucket, parse_quarantined, placement
+from ckpt_tool.core.contents_rules import bucket, parse_quarantined, placement
 from ckpt_tool.core.export_plan import TensorEntry, batches, export_entries, safetensors_header, unsupported_dtypes
 
 

@@ -1,14 +1,14 @@
-"""GPU readings (core.gpu_health) and the watchdog's rank health view with the fake NVML reader
+"""GPU readings (core.gpu_findings) and the watchdog's rank health view with the fake NVML reader
 (supervise.gpu_monitor.FakeReader: the same file format a test or a demo writes)."""
 
 from __future__ import annotations
 
 import json
 
-from ckpt_tool.core.gpu_health import GpuPolicy, GpuSample, GpuWatch
+from ckpt_tool.core.gpu_findings import GpuPolicy, GpuSample, GpuWatch
 from ckpt_tool.core.stragglers import StepTiming, StragglerPolicy
 from ckpt_tool.supervise.gpu_monitor import FakeReader, device_of_local_rank, open_reader
-from ckpt_tool.supervise.rank_health import RankHealth, read_rank_health
+from ckpt_tool.supervise.rank_vitals import RankHealth, read_rank_health
 
 
 def readings(*utils: float, **errors) -> dict[int, GpuSample]:

@@ -1,8 +1,8 @@
-"""The spare maker's fork-safety decision (supervise.zygote.fork_hazard): plain data."""
+"""The spare maker's fork-safety decision (supervise.spare_maker.fork_hazard): plain data."""
 
 from __future__ import annotations
 
-from ckpt_tool.supervise.zygote import fork_hazard
+from ckpt_tool.supervise.spare_maker import fork_hazard
 
 
 def test_no_new_thread_and_no_cuda_is_safe() -> None:

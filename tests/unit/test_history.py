@@ -1,8 +1,8 @@
-"""core.story: the loss by step and the marks of a run's timeline. Pure."""
+"""core.history: the loss by step and the marks of a run's timeline. Pure."""
 
 from __future__ import annotations
 
-from ckpt_tool.core.story import story
+from ckpt_tool.core.history import story
 
 
 def ev(event: str, time: float, **kw) -> dict:

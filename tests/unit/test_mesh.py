@@ -4,7 +4,7 @@ import pytest
 
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.mesh import DIMENSIONS, Mesh, mesh_for, source_rank
-from ckpt_tool.core.reshard import plan_resume, step_slices
+from ckpt_tool.core.reshard_plan import plan_resume, step_slices
 from ckpt_tool.errors import CkptError, ExitCode
 
 HEADS = {"tp": {"attention heads": 4, "MLP hidden size": 256}}

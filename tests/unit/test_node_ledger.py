@@ -1,8 +1,8 @@
-"""The health ledger and the node plan (core.health): events in, decisions out. Pure."""
+"""The health ledger and the node plan (core.node_ledger): events in, decisions out. Pure."""
 
 from __future__ import annotations
 
-from ckpt_tool.core.health import LEAVE_EVENT, classify_crash, fold_health, plan_nodes
+from ckpt_tool.core.node_ledger import LEAVE_EVENT, classify_crash, fold_health, plan_nodes
 
 NODES = ("n1", "n2", "n3")
 
@@ -141,7 +141,7 @@ def test_ckpt_run_gives_torchrun_an_elastic_range_a_short_last_call():
 
 
 def test_a_round_finished_by_the_surviving_nodes_counts_as_finished():
-    from ckpt_tool.core.health import last_round_finished
+    from ckpt_tool.core.node_ledger import last_round_finished
 
     events = start("r", *NODES) + [{"event": "finished", "node": n, "round": "r", "time": 5.0} for n in ("n1", "n2")]
     assert last_round_finished(events) == ("n1", "n2")  # n3 was lost with its agent: no event
@@ -187,7 +187,7 @@ def test_a_straggler_is_counted_and_makes_its_node_suspect_only_when_the_run_ask
 
 
 def test_a_round_watch_ends_at_once_or_after_the_stops_checkpoint(tmp_path):
-    from ckpt_tool.supervise.health import RoundEnd, RoundWatch, end_round
+    from ckpt_tool.supervise.round_end import RoundEnd, RoundWatch, end_round
 
     suspect = RoundEnd(["n3"], checkpoint_first=True)
     asks = RoundWatch(tmp_path, "r1", "n1")

@@ -86,7 +86,7 @@ def test_the_raisers_raise_the_kind_they_are(tmp_path):
 
     from ckpt_tool.core.batch import BatchConfig
     from ckpt_tool.core.mesh import Mesh
-    from ckpt_tool.core.reshard import check_mesh_change, plan_batch
+    from ckpt_tool.core.reshard_plan import check_mesh_change, plan_batch
     from ckpt_tool.store.store import CheckpointStore
 
     with pytest.raises(MisfitError, match="global batch 12 cannot be split over 5"):

@@ -2,7 +2,7 @@ import pytest
 
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.mesh import Mesh
-from ckpt_tool.core.reshard import check_shapes, copy_in_one_process, plan_batch, step_slices
+from ckpt_tool.core.reshard_plan import check_shapes, copy_in_one_process, plan_batch, step_slices
 from ckpt_tool.errors import CkptError
 
 dp = Mesh.data_parallel
@@ -67,7 +67,7 @@ def test_shape_check():
 
 
 def test_plan_resume_order_demand_then_recorded_then_default():
-    from ckpt_tool.core.reshard import plan_resume
+    from ckpt_tool.core.reshard_plan import plan_resume
 
     saved = BatchConfig(3, 1, 4)  # G = 12
     lineage = [{"event": "reshard_plan", "world_size": 2, "batch": {"micro_batch": 2, "grad_accum": 3, "dp_size": 2, "global_batch": 12}}]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tool.core import run_catalog as catalog
-from ckpt_tool.core.story import KNOWN_EVENTS, MARKS, unknown_events
+from ckpt_tool.core.history import KNOWN_EVENTS, MARKS, unknown_events
 from ckpt_tool.errors import CkptError, ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]

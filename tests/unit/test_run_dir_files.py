@@ -15,22 +15,22 @@ import pytest
 
 from ckpt_tool.core.timeouts import DurationLog
 from ckpt_tool.errors import CkptError, ExitCode, NewerFormatError
-from ckpt_tool.supervise import health, run_dir
-from ckpt_tool.supervise.rank_health import read_rank_health
+from ckpt_tool.supervise import round_end, run_dir
+from ckpt_tool.supervise.rank_vitals import read_rank_health
 
 
 def test_each_json_file_is_written_with_its_version_and_read_back(tmp_path):
     log = DurationLog()
     log.add("step", 0.5)
     run_dir.write_timeouts(tmp_path, log, {"step": 30.0})
-    health.end_round(tmp_path, "7.0.0", ["n2"], "n1", checkpoint_first=True)
+    round_end.end_round(tmp_path, "7.0.0", ["n2"], "n1", checkpoint_first=True)
     run_dir.write_health(tmp_path, {"nodes": [], "suspects": ["n2"]})
     run_dir.write_ranks(tmp_path, "n1", 2, {1: 101, 0: 100})
     for name in ("timeouts.json", "round_end.json", "health.json", "ranks.n1.json"):
         assert json.loads((tmp_path / name).read_text())["version"] == 1, name
     assert run_dir.read_timeouts(tmp_path).to_json() == log.to_json()
-    assert health.round_ended(tmp_path, "7.0.0") == health.RoundEnd(["n2"], True)
-    assert health.round_ended(tmp_path, "7.1.0") is None  # another round's marker
+    assert round_end.round_ended(tmp_path, "7.0.0") == round_end.RoundEnd(["n2"], True)
+    assert round_end.round_ended(tmp_path, "7.1.0") is None  # another round's marker
     assert run_dir.read_health(tmp_path)["suspects"] == ["n2"]
     assert run_dir.read_ranks(tmp_path) == {0: 100, 1: 101}
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")], "no temp file left"
@@ -42,7 +42,7 @@ def test_a_file_written_before_versions_reads_as_version_1(tmp_path):
     (tmp_path / "round_end.json").write_text(json.dumps({"round": "r", "suspects": ["n1"], "by": "n2", "checkpoint_first": False}))
     (tmp_path / "ranks.n1.json").write_text(json.dumps({"node": "n1", "attempt": 0, "ranks": {"0": 42}}))
     assert run_dir.read_timeouts(tmp_path).to_json() == {"step": [0.5, 0.6]}
-    assert health.round_ended(tmp_path, "r") == health.RoundEnd(["n1"], False)
+    assert round_end.round_ended(tmp_path, "r") == round_end.RoundEnd(["n1"], False)
     assert run_dir.read_ranks(tmp_path) == {0: 42}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tool.core.story import KNOWN_EVENTS, parse_since, say, select, unknown_events
+from ckpt_tool.core.history import KNOWN_EVENTS, parse_since, say, select, unknown_events
 from ckpt_tool.errors import CkptError
 
 NOW = 1_796_288_863.0022974

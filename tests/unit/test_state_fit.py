@@ -1,4 +1,4 @@
-from ckpt_tool.core.fit import fit_problems
+from ckpt_tool.core.state_fit import fit_problems
 
 SAVED = {"model.w": (4, 2), "model.b": (4,), "optim.state.w.step": (), "optim.param_groups.0.lr": None}
 
