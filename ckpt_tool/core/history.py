@@ -39,6 +39,8 @@ KINDS = ("checkpoint", "failure", "requeue", "rollback", "shrink", "straggler")
 
 @dataclass(frozen=True)
 class Mark:
+    """One event on the picture: the step it is placed at, its kind (the marker) and its label."""
+
     step: int
     kind: str
     label: str
@@ -47,11 +49,14 @@ class Mark:
 
 @dataclass(frozen=True)
 class Story:
+    """What ``ckpt history --plot`` draws: the loss by step, where it came from, and the run's marks."""
+
     loss: tuple[tuple[int, float], ...]
     marks: tuple[Mark, ...]
     loss_source: str  # "metrics" or "probe loss at each checkpoint"
 
     def to_json(self) -> dict[str, Any]:
+        """The story as plain data: its loss points and marks, for JSON."""
         return {
             "loss_source": self.loss_source,
             "loss": [list(p) for p in self.loss],
@@ -67,6 +72,8 @@ def _label(template: str, e: Mapping[str, Any]) -> str:
 
 
 def story(timeline: Sequence[Mapping[str, Any]], metrics: Sequence[tuple[int, float]] | None = None) -> Story:
+    """The picture of ``timeline`` (oldest first): ``metrics``' loss when given, else each commit's
+    probe loss; one mark per checkpoint, failure on a node, requeue, rollback and shrink."""
     commits: list[tuple[float, int]] = []
     marks: list[Mark] = []
     loss: list[tuple[int, float]] = []

@@ -59,6 +59,9 @@ def classify_crash(error_type: str, message: str) -> Literal["crashed", "peer_fa
 
 @dataclass(frozen=True)
 class NodeRecord:
+    """One node's line in the ledger: its failures (in a row and in all), stragglers, flags, and
+    whether the job left it behind."""
+
     node: str
     in_a_row: int = 0  # failures blamed on this node with no failure elsewhere in between
     total: int = 0
@@ -70,13 +73,16 @@ class NodeRecord:
     flagged: str | None = None  # suspect without failing: a GPU hardware error, a straggler (when asked)
 
     def suspect(self, suspect_after: int) -> bool:
+        """True once ``suspect_after`` failures in a row are blamed on the node, or it was flagged."""
         return self.in_a_row >= suspect_after or self.flagged is not None
 
     def why(self) -> str:
+        """Why the node is suspect, in words for a log or ``ckpt nodes``."""
         failures = f"{self.in_a_row} failures in a row, last {self.last_reason}"
         return failures if self.flagged is None else f"{self.flagged}" + (f"; {failures}" if self.in_a_row else "")
 
     def to_json(self) -> dict[str, Any]:
+        """The record as ``health.json`` and ``ckpt status --json`` hold it."""
         return {
             "node": self.node,
             "failures_in_a_row": self.in_a_row,
@@ -92,6 +98,9 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class HealthLedger:
+    """Every node's record folded from a run's events (``fold_health``), and how many failure groups
+    could be blamed on some nodes and how many could not."""
+
     nodes: tuple[NodeRecord, ...] = ()
     attributed: int = 0  # failure groups blamed on some nodes of their round
     unattributed: int = 0  # failure groups blamed on every node, or on none
@@ -99,15 +108,19 @@ class HealthLedger:
     left_any: bool = False
 
     def record(self, node: str) -> NodeRecord:
+        """The record of ``node``: an empty one when nothing was blamed on it."""
         return next((r for r in self.nodes if r.node == node), NodeRecord(node))
 
     def suspects(self, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> tuple[str, ...]:
+        """The nodes to suspect at ``suspect_after`` failures in a row, in ledger order."""
         return tuple(r.node for r in self.nodes if r.suspect(suspect_after))
 
     def left_behind(self) -> tuple[str, ...]:
+        """The nodes a ``ckpt nodes`` shrink or requeue already left behind."""
         return tuple(r.node for r in self.nodes if r.left_behind)
 
     def to_json(self, suspect_after: int = DEFAULT_SUSPECT_AFTER) -> dict[str, Any]:
+        """The ledger as ``health.json`` holds it, its suspects counted at ``suspect_after``."""
         return {
             "nodes": [r.to_json() for r in self.nodes],
             "suspects": list(self.suspects(suspect_after)),
@@ -258,6 +271,7 @@ class NodePlan:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
+        """The plan as ``ckpt nodes --json`` prints it for the batch script."""
         return {
             "action": self.action,
             "keep": list(self.keep),

@@ -30,6 +30,8 @@ from ckpt_tool.errors import CkptError, ExitCode, MisfitError
 
 @dataclass(frozen=True)
 class ReshardPlan:
+    """The batch split before and after a mesh change: same global batch, the mesh's new sizes."""
+
     old: BatchConfig
     new: BatchConfig
     old_mesh: Mesh | None = None
@@ -37,9 +39,12 @@ class ReshardPlan:
 
     @property
     def changed(self) -> bool:
+        """True when the resume must apply the plan (the batch split or the mesh differs)."""
         return self.old != self.new or self.old_mesh != self.new_mesh
 
     def to_json(self) -> dict[str, object]:
+        """The plan as a manifest's lineage and ``ckpt reshard --json`` record it."""
+
         def b(x: BatchConfig) -> dict[str, int]:
             return {"micro_batch": x.micro_batch, "grad_accum": x.grad_accum, "dp_size": x.dp_size, "global_batch": x.global_batch}
 

@@ -29,6 +29,9 @@ Found = list[tuple[str, dict[str, Any]]]
 
 
 class RankHealth:
+    """One node's watchdog's view of its ranks: straggler scores from their beats' step timings and
+    GPU findings from the readings; written to ``rank_health.NODE.json`` for ``ckpt status``."""
+
     def __init__(self, run_dir: Path, node: str, policy: StragglerPolicy, reader: GpuReader | None, cuda_visible: str | None) -> None:
         self.run_dir = run_dir
         self.node = node
@@ -48,6 +51,7 @@ class RankHealth:
         return [(f.event, f.to_json()) for f in self.detector.observe(rank, timing)]
 
     def new_attempt(self, attempt: int) -> None:
+        """Start over for a new torchrun attempt: the old ranks' timings and GPUs no longer count."""
         self.attempt = attempt
         self.detector.reset()
         self.gpus = {}
@@ -74,9 +78,11 @@ class RankHealth:
         return self.gpu.observe(self.gpus)
 
     def scores(self) -> list[RankScore]:
+        """Each rank's straggler score so far (ranks whose window has not filled are left out)."""
         return self.detector.scores()
 
     def table(self) -> dict[str, Any]:
+        """This node's ranks' standing as ``rank_health.NODE.json`` holds it: scores, GPU use, the time."""
         rows = []
         for s in self.scores():
             row = s.to_json()
@@ -90,6 +96,7 @@ class RankHealth:
         write_rank_health(self.run_dir, self.node, self.table())
 
     def close(self) -> None:
+        """Write the table a last time and release the GPU reader."""
         self.write()
         if self.reader is not None:
             self.reader.close()

@@ -55,6 +55,8 @@ def judge_round(run_dir: Path, round_id: str, suspect_after: int) -> list[str]:
 
 @dataclass(frozen=True)
 class RoundEnd:
+    """How a round ended: the suspect nodes, and whether the ranks checkpoint before they stop."""
+
     suspects: list[str]
     checkpoint_first: bool  # a node suspect while training goes on: stop after a checkpoint, lose nothing
 

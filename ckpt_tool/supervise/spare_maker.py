@@ -77,6 +77,7 @@ def thread_count() -> int:
 
 
 def cuda_started() -> bool:
+    """True when torch is imported and CUDA is initialised in this process (a fork would be unsafe)."""
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
 
@@ -158,10 +159,13 @@ def reap(pool: Path) -> int:
 
 
 def untaken(pool: Path) -> list[int]:
+    """The pids of the spares in ``pool`` still waiting for a rank to take them."""
     return [int(p.stem) for p in pool.glob(f"*{READY}") if p.stem.isdigit()]
 
 
 def main(argv: list[str]) -> NoReturn:
+    """``python -m ckpt_tool.supervise.spare_maker POOL_DIR [MODULE...]``: import, then fork spares
+    as ``fill N`` lines on standard input ask, until it closes."""
     pool, extra = Path(argv[0]), argv[1:]
     parent = os.getppid()
     # What a spare compares with the rank's environment: the one the imports ran under (some
