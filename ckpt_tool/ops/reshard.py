@@ -26,6 +26,10 @@ from ckpt_tool.training.safe_dcp import load_metadata_safely
 
 @dataclass(frozen=True)
 class ReshardReport:
+    """What ``check_reshard`` found: step ``step``, saved on ``old_world_size`` ranks, fits
+    ``new_world_size`` with ``plan`` (the new mesh and batch split); ``data_position`` is rank 0's
+    saved data position (None when its state file is absent)."""
+
     step: int
     old_world_size: int
     new_world_size: int
@@ -34,10 +38,12 @@ class ReshardReport:
 
     @property
     def new_mesh(self) -> Mesh:
+        """The mesh the checkpoint continues on (a checked report always has one)."""
         assert self.plan.new_mesh is not None
         return self.plan.new_mesh
 
     def to_json(self) -> dict[str, Any]:
+        """``ckpt reshard --json``'s object: the step, both world sizes, the data position and the plan's fields."""
         return {
             "step": self.step,
             "old_world_size": self.old_world_size,
@@ -48,6 +54,8 @@ class ReshardReport:
 
 
 def tensor_shapes(store: CheckpointStore, step: int) -> dict[str, tuple[int, ...]]:
+    """The global shape of every model tensor of ``step``, from its DCP metadata read with the
+    safe unpickler (no tensor data read; a damaged ``.metadata`` raises ``DamageError``)."""
     with open(store.step_path(step) / layout.DCP_METADATA_NAME, "rb") as f:
         metadata = load_metadata_safely(f)
     return {k: tuple(m.size) for k, m in metadata.state_dict_metadata.items() if k.startswith("model.") and hasattr(m, "size")}
