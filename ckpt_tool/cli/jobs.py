@@ -383,11 +383,11 @@ def job(
 ) -> None:
     """The batch job of `ckpt submit` (its script execs this): the whole requeue chain, once per start.
 
-    ckpt nodes (give back a node left behind) -> rounds of [ckpt recover -> srun: one `ckpt run`
+    ckpt nodes (give back a node left behind) -> rounds of \\[ckpt recover -> srun: one `ckpt run`
     per node]. Exit 0 of a round: finished. USR1 or TERM: ckpt run checkpoints; requeue, unless
     the TERM came from scancel (stop for good) or --max-requeues is reached. A failed round:
     ckpt nodes says shrink, requeue excluding the bad nodes, or stop. Every step is a line
-    `[ckpt job=ID restart=N HH:MM:SS] ...` of the job's output and an event in RUN_DIR/events.jsonl.
+    `\\[ckpt job=ID restart=N HH:MM:SS] ...` of the job's output and an event in RUN_DIR/events.jsonl.
     """
     from ckpt_tool.slurm.chain import RunSpec
     from ckpt_tool.slurm.job import Job, JobSteps

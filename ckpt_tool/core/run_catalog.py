@@ -16,6 +16,7 @@ know (an event from a newer ckpt-tool reads as itself) and skips torn lines (``c
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -218,8 +219,9 @@ def check_event_name(name: str) -> str:
     if (spec is not None and spec.log == EVENTS_NAME) or is_user_event(name):
         return name
     where = "a checkpoint directory's index.jsonl event (written by the store)" if spec is not None else "not an event ckpt-tool knows"
+    near = difflib.get_close_matches(name, [e.name for e in RUN_EVENTS], n=1, cutoff=0.75) if spec is None else []
     raise CkptError(
-        f"event {name!r} is {where}",
+        f"event {name!r} is {where}" + (f" (did you mean {near[0]!r}?)" if near else ""),
         f"name your own events {USER_PREFIX}NAME (e.g. {USER_PREFIX}{name or 'my_event'}); ckpt-tool's run events: "
         + ", ".join(e.name for e in RUN_EVENTS),
         ExitCode.USAGE,

@@ -45,3 +45,26 @@ def test_help_shows_no_value_after_a_flag_and_capital_argument_names(words):
     usage = next(line for line in text.splitlines() if "Usage:" in line)
     for name in re.findall(r"[{\[]([A-Za-z_]+)[}\]]", usage):
         assert name in ("OPTIONS", "ARGS") or name.isupper(), usage
+
+
+def _all_commands(group, path=()):
+    """Every command, the hidden ones (`ckpt job`, `ckpt note`: run by the batch script) too."""
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _all_commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_no_bracketed_words_of_a_docstring_are_eaten_as_markup():
+    """Rich reads `[words]` in a command's docstring as a markup tag and drops it from --help
+    (`ckpt job --help` lost "[ckpt job=ID restart=N HH:MM:SS]"): such brackets are escaped."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    lost = []
+    for words, command in _all_commands(typer.main.get_command(app)):
+        doc = (command.help or "").replace("\\[", "[")
+        shown = " ".join(runner.invoke(app, [*words, "--help"], env={"COLUMNS": "300"}).output.split())
+        lost += [(" ".join(words), seg) for seg in re.findall(r"\[[^\]]*\]", doc) if " ".join(seg.split()) not in shown]
+    assert not lost, f"bracketed text missing from --help (escape it as \\\\[ in the docstring): {lost}"

@@ -163,3 +163,13 @@ def test_the_tables_for_the_readme_list_every_event_and_file():
     events, files = catalog.events_table(), catalog.files_table()
     assert all(f"| `{e.name}` |" in events for e in catalog.RUN_EVENTS)
     assert all(f"| `{f.name}` | {f.version} |" in files for f in catalog.FILES)
+
+
+def test_a_mistyped_event_name_is_refused_naming_the_event_meant() -> None:
+    with pytest.raises(CkptError) as refused:
+        catalog.check_event_name("jbo_start")
+    assert "not an event ckpt-tool knows (did you mean 'job_start'?)" in refused.value.message
+    assert "user.jbo_start" in refused.value.hint
+    with pytest.raises(CkptError) as unlike:
+        catalog.check_event_name("lr_drop")
+    assert "did you mean" not in unlike.value.message
