@@ -363,7 +363,7 @@ def note_cmd(
 
 def free_port() -> None:
     """Print a TCP port that is free on this host now (the sbatch script's rendezvous port)."""
-    from ckpt_tool.cli.main import free_port as pick
+    from ckpt_tool.slurm.job import free_port as pick
 
     print(pick())
 

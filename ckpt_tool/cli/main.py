@@ -12,7 +12,6 @@ and reports errors as every other command does. Both paths call the same functio
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -38,13 +37,6 @@ def note(run_dir: Path, event: str, items: list[str]) -> None:
         ) from None
 
 
-def free_port() -> int:
-    """A TCP port that is free on this host now (the OS picks it; the socket is closed at once)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def answered_at_once(args: list[str]) -> bool:
     """Whether ``args`` is one of the batch script's calls in the shape it uses them."""
     if os.environ.get("CKPT_DEBUG") == "1" or any(a.startswith("-") for a in args):
@@ -59,7 +51,9 @@ def main(argv: list[str] | None = None) -> None:
         from ckpt_tool.cli.app import main as whole_cli
 
         whole_cli(args)
-    if args[0] == "free-port":
+    if args[0] == "free-port":  # for jobs queued with the script before `ckpt job`
+        from ckpt_tool.slurm.job import free_port
+
         print(free_port())
         sys.exit(0)
     from ckpt_tool.errors import CkptError

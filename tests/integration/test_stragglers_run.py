@@ -99,8 +99,8 @@ def test_straggler_suspect_across_two_nodes_ends_the_round_on_both_after_one_che
     """Two `ckpt run` agents on this machine as nodes a and b of one round (1 rank each, c10d
     rendezvous), --straggler-suspect, the rank of node b slowed: b's watchdog names it, ends the
     round after a checkpoint, and a's watchdog, whose rank stopped for it, ends the round too."""
-    from ckpt_tool.cli.main import free_port
     from ckpt_tool.recipes.launch import FAST_ARGS, recipe_args
+    from ckpt_tool.slurm.job import free_port
 
     ckpt, run_dir, port = tmp_path / "ckpt", tmp_path / "run", free_port()
     procs = {}
