@@ -90,7 +90,15 @@ class Damaged:
     problems: tuple[str, ...]
 
 
-Intent = Settle | Rollback | Resume | Damaged
+@dataclass(frozen=True)
+class Start:
+    """``ckpt recover`` at a job's start, after the crash clean-up: LATEST when it passes the
+    start's check, else a rollback to the newest older step that passes (what comes after it
+    quarantined). The start's check of LATEST and a rollback's check of older steps may differ:
+    the executor's check is asked each step in turn."""
+
+
+Intent = Settle | Rollback | Resume | Damaged | Start
 
 
 # ------------------------------------------------------------------ plan out
@@ -175,7 +183,21 @@ def plan(view: StoreView, intent: Intent, checks: Mapping[int, Checked] | None =
         return _rollback(view, intent, checks)
     if isinstance(intent, Resume):
         return _resume(view)
+    if isinstance(intent, Start):
+        return _start(view, checks)
     return _damaged(view, intent)
+
+
+def _start(view: StoreView, checks: Mapping[int, Checked]) -> RecoveryPlan:
+    latest = view.latest if view.latest_problem is None and view.latest in view.committed else None
+    if latest is not None:
+        if latest not in checks:
+            return RecoveryPlan(None, check=latest)
+        if checks[latest].ok:
+            return RecoveryPlan(latest)
+    reason = f"ckpt recover: step {latest} is damaged" if latest is not None else "ckpt recover: LATEST is missing or damaged"
+    # the rollback quarantines LATEST with its own reason, as `ckpt rollback` would
+    return _rollback(view, Rollback(reason=reason), {s: c for s, c in checks.items() if s != latest})
 
 
 def _settle(view: StoreView, intent: Settle, checks: Mapping[int, Checked]) -> RecoveryPlan:
@@ -334,6 +356,7 @@ __all__ = [
     "Resume",
     "Rollback",
     "Settle",
+    "Start",
     "StoreView",
     "fallback_step",
     "plan",

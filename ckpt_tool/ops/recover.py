@@ -104,16 +104,10 @@ def recover(
         if latest is None and not store.committed_on_disk():
             decision = Decision("fresh", None, None, (), None, world_size, cleanup, 0.0)
         else:
-            step, rolled_from, quarantined = latest, None, ()
-            if latest is None or not usable(store, latest, full):
-                report = rollback(
-                    store,
-                    auto=False,
-                    reason=f"ckpt recover: step {latest} is damaged"
-                    if latest is not None
-                    else "ckpt recover: LATEST is missing or damaged",
-                )
-                step, rolled_from, quarantined = report.target, latest, report.quarantined
+            # the planner's Start: LATEST when it passes the start's check, else the rollback's target
+            report = rollback(store, start_check=lambda s: usable(store, s, full))
+            moved = report.target != latest or bool(report.quarantined)
+            step, rolled_from, quarantined = report.target, latest if moved else None, report.quarantined
             saved = store.read_manifest(step).world_size
             reshard = None
             if world_size is not None and saved != world_size:

@@ -7,10 +7,11 @@ and when there is nowhere to go; this module checks the steps it asks about (val
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_tool.core.recovery import Checked, RecoveryPlan, Refusal, Rollback
+from ckpt_tool.core.recovery import Checked, RecoveryPlan, Refusal, Rollback, Start
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store import recovery
 from ckpt_tool.store.inventory import listing as take_listing
@@ -96,29 +97,34 @@ def rollback(
     dry_run: bool = False,
     entry: str | None = None,
     reason: str = "manual rollback",
+    start_check: Callable[[int], bool] | None = None,
 ) -> RollbackReport:
     """Without ``auto``: to ``to``, or to the newest valid checkpoint older than LATEST.
     With ``auto``: walk back from LATEST, validating then verifying each, until one passes.
-    ``dry_run`` changes nothing on disk (not even the index)."""
-    listing = take_listing(store)
-    latest = listing.latest
-    facts = recovery.view(store, latest, listing.latest_problem)
+    With ``start_check`` (``ckpt recover``): LATEST stays when it passes that check, else as
+    without ``auto`` (the planner's ``Start``). ``dry_run`` changes nothing on disk (not even the index)."""
+    if start_check is None:
+        listing = take_listing(store)  # its words for what is wrong with LATEST
+        latest, latest_problem = listing.latest, listing.latest_problem
+    else:  # at every start: no index read
+        latest, latest_problem = store.read_latest_or_problem()
+    facts = recovery.view(store, latest, latest_problem)
     notes: list[str] = []
     attempts: dict[int, Attempt] = {}
 
     def judge(step: int) -> Checked:
+        if start_check is not None and step == latest:
+            return Checked(step, start_check(step))  # the start's own check of LATEST, not one of the rollback's attempts
         attempts[step] = attempt = check_step(store, step, verify=auto, entry=entry, record=not dry_run, notes=notes)
         return Checked(step, attempt.ok, attempt.problems)
 
-    decided, _ = recovery.decide(facts, Rollback(to, auto, reason), judge)
+    decided, _ = recovery.decide(facts, Rollback(to, auto, reason) if start_check is None else Start(), judge)
     if decided.refused is not None:
         raise _refusal(store, decided, to, facts.committed, list(attempts))
     assert decided.step is not None  # a rollback's plan has a step or a refusal
     if not dry_run:
         recovery.carry_out(store, decided)
-    return RollbackReport(
-        latest, decided.step, decided.quarantined, tuple(attempts.values()), dry_run, listing.latest_problem, tuple(notes)
-    )
+    return RollbackReport(latest, decided.step, decided.quarantined, tuple(attempts.values()), dry_run, latest_problem, tuple(notes))
 
 
 def _refusal(store: CheckpointStore, decided: RecoveryPlan, to: int | None, committed: tuple[int, ...], tried: list[int]) -> CkptError:

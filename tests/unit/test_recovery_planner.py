@@ -12,6 +12,7 @@ from ckpt_tool.core.recovery import (
     Resume,
     Rollback,
     Settle,
+    Start,
     StoreView,
     plan,
 )
@@ -128,3 +129,27 @@ def test_rollback_refuses_in_the_planner_before_any_step_is_checked():
     assert decided.refused is Refusal.NONE_VALID and checked == [10] and decided.tried == (10,)
     assert decided.problem == "no valid checkpoint to roll back to"
     assert walk(facts, Rollback(to=10))[0].refused is None  # a committed target is checked, not refused
+
+
+def test_the_start_keeps_a_latest_that_passes_and_checks_nothing_else():
+    facts = StoreView(committed=(10, 20, 30), step_dirs=(10, 20, 30), latest=30)
+    decided, checked = walk(facts, Start())
+    assert checked == [30] and decided.step == 30 and decided.actions == ()
+
+
+def test_the_start_rolls_back_past_a_damaged_latest_as_ckpt_rollback_would():
+    facts = StoreView(committed=(10, 20, 30), step_dirs=(10, 20, 30), latest=30)
+    decided, checked = walk(facts, Start(), bad={30, 20})
+    assert checked == [30, 20, 10] and decided.step == 10 and decided.tried == (20,)
+    assert decided.actions == (
+        Quarantine(20, "ckpt recover: step 30 is damaged: hash mismatch"),
+        Quarantine(30, "ckpt recover: step 30 is damaged: rolled back to 10"),
+        MoveLatest(10, "ckpt recover: step 30 is damaged"),
+    )
+
+
+def test_the_start_with_latest_on_a_missing_step_rolls_back_from_the_newest_committed():
+    facts = StoreView(committed=(10, 20), step_dirs=(10, 20), latest=30, latest_problem="LATEST names step 30, which does not exist")
+    decided, checked = walk(facts, Start())
+    assert checked == [20] and decided.step == 20
+    assert decided.actions == (MoveLatest(20, "ckpt recover: LATEST is missing or damaged (LATEST names step 30, which does not exist)"),)
