@@ -60,6 +60,8 @@ def test_a_warm_import_that_starts_a_thread_pool_turns_the_spares_off_and_the_ru
 
 
 def test_a_warm_import_that_only_imports_torch_keeps_the_spares(tmp_path: Path) -> None:
-    done, result, _ = run_with_warm_import(tmp_path, ONLY_IMPORT)
+    done, result, log = run_with_warm_import(tmp_path, ONLY_IMPORT)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert result["warm"] == "1" and "warm_off" not in done.stderr
+    # it failed once under load (cause unknown): say which half failed, with ckpt run's words and the pool's log
+    assert "warm_off" not in done.stderr, f"spares turned off: {done.stderr[-3000:]}\n--- warm.log:\n{log}"
+    assert result["warm"] == "1", f"the rank started cold, no warm_off: {done.stderr[-3000:]}\n--- warm.log:\n{log}"
