@@ -13,6 +13,7 @@ from ckpt_tool.cli.options import JsonTextOpt
 from ckpt_tool.cli.output import Column, err, escape, out, print_json, print_table, shorten
 from ckpt_tool.cli.targets import locate
 from ckpt_tool.core.node_ledger import fold_health
+from ckpt_tool.core.run_catalog import FINAL_EVENTS
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.supervise.run_dir import EVENTS_NAME, read_rank_health
 
@@ -89,11 +90,7 @@ def status(
     )
     report["health"] = fold_health(events).to_json()
     report["ranks"] = read_rank_health(run_dir)
-    finals = [
-        e["event"]
-        for e in events
-        if e["event"] in ("job_finished", "job_failed", "cancelled", "max_requeues_reached", "requeue_failed", "crash_loop", "fatal")
-    ]
+    finals = [e["event"] for e in events if e["event"] in FINAL_EVENTS]
     report["final"] = finals[-1] if finals else None
     report["last_events"] = events[-8:]
     report["notes"] = notes

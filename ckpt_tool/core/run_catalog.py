@@ -206,6 +206,10 @@ CHECKPOINT_EVENTS: tuple[EventSpec, ...] = tuple(
 EVENTS: Mapping[str, EventSpec] = {e.name: e for e in (*RUN_EVENTS, *CHECKPOINT_EVENTS)}
 assert len(EVENTS) == len(RUN_EVENTS) + len(CHECKPOINT_EVENTS), "an event name is listed twice"
 
+# The events after which a job is over, one way or another: ``ckpt status`` shows the newest as its final state.
+FINAL_EVENTS = frozenset({"job_finished", "job_failed", "cancelled", "max_requeues_reached", "requeue_failed", "crash_loop", "fatal"})
+assert FINAL_EVENTS <= {e.name for e in RUN_EVENTS}, "a final event is not a run event of the catalog"
+
 
 def is_user_event(name: str) -> bool:
     """A user's own event: ``user.`` and a name after it."""

@@ -113,3 +113,15 @@ def test_ckpt_note_refuses_a_typo_and_takes_a_user_event(tmp_path):
     assert event["event"] == "user.eval_done" and event["score"] == "0.9"
     shown = _ckpt("history", str(run), "--event", "user.eval_done", cwd=tmp_path)
     assert shown.returncode == 0 and "user.eval_done" in shown.stdout and "score=0.9" in shown.stdout, shown.stderr
+
+
+def test_ckpt_status_shows_the_newest_final_event_as_the_jobs_final_state(tmp_path):
+    run = tmp_path / "run"
+    run_dir.note(run, "resumed", node="n1", round="r", attempt=0, rank=0, step=5, checkpoint=5)  # no job id: scontrol is not asked
+    run_dir.note(run, "cancelled", cause="scancel", requeued="no", restarts="0")
+    run_dir.note(run, "user.after", x="1")  # not a final state: the cancel stays the job's
+    shown = _ckpt("status", str(run), "--json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["final"] == "cancelled"
+    text = _ckpt("status", str(run), cwd=tmp_path)
+    assert "final state: cancelled" in text.stdout, text.stdout
