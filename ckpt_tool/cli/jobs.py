@@ -257,7 +257,7 @@ def submit(
     from ckpt_tool.core.render import follow_up_commands
     from ckpt_tool.slurm import submit as chain
     from ckpt_tool.slurm.commands import sbatch
-    from ckpt_tool.supervise.events import note
+    from ckpt_tool.supervise.run_dir import note
 
     spec, script = chain.prepare(
         command,

@@ -24,8 +24,8 @@ def parse_fields(items: list[str]) -> dict[str, str]:
 def note(run_dir: Path, event: str, items: list[str]) -> None:
     """Append ``event`` with its ``KEY=VALUE`` fields to the run's event log."""
     from ckpt_tool.errors import CkptError, ExitCode
-    from ckpt_tool.supervise.events import EVENTS_NAME
-    from ckpt_tool.supervise.events import note as append_event
+    from ckpt_tool.supervise.run_dir import EVENTS_NAME
+    from ckpt_tool.supervise.run_dir import note as append_event
 
     try:
         append_event(run_dir, event, **parse_fields(items))

@@ -30,7 +30,7 @@ from ckpt_tool.ops.rollback import rollback
 from ckpt_tool.store import recovery
 from ckpt_tool.store.durable import atomic_write
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.supervise.events import note, read_events
+from ckpt_tool.supervise.run_dir import note, read_events
 
 DECISION_NAME = RECOVER_NAME
 

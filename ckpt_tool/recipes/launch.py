@@ -16,8 +16,8 @@ from typing import Any
 
 import psutil
 
-from ckpt_tool.supervise.events import read_events
-from ckpt_tool.supervise.processes import kill_tree, read_ranks
+from ckpt_tool.supervise.processes import kill_tree
+from ckpt_tool.supervise.run_dir import read_events, read_ranks
 
 RECIPE = "ckpt_tool.recipes.tiny_gpt"
 # A small, fast configuration of the recipe for tests and the demo (about 0.1 s a step on 2 CPU ranks).

@@ -253,7 +253,7 @@ def _detail(name: str, e: dict) -> str:
 
 
 def _run_events(ckpt_dir: Path) -> list[dict]:
-    from ckpt_tool.supervise.events import read_events
+    from ckpt_tool.supervise.run_dir import read_events
 
     return read_events(ckpt_dir / layout.RUN_DIR_NAME)
 

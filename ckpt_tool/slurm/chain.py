@@ -145,7 +145,7 @@ class Log:
 
 @dataclass(frozen=True)
 class Note:
-    """An event in RUN_DIR/events.jsonl (``supervise.events.note``)."""
+    """An event in RUN_DIR/events.jsonl (``supervise.run_dir.note``)."""
 
     event: str
     fields: tuple[tuple[str, str], ...] = ()

@@ -7,7 +7,7 @@ queue, never on a child, so a signal is decided within milliseconds whatever run
 recover`` in a thread, srun as a child watched by a thread, the background ExcNodeList retries
 in a thread whose children never see TERM (it is blocked there, and a blocked mask is inherited).
 
-Every action is one call: the event log (``supervise.events.note``), a log line
+Every action is one call: the event log (``supervise.run_dir.note``), a log line
 ``[ckpt job=ID restart=N HH:MM:SS] ...`` on stdout (the job's output; tests and users grep
 these words), scontrol through ``slurm.commands``, and the two steps the CLI hands in as
 ``JobSteps`` (``ckpt recover`` and ``ckpt nodes``, called in this process).
@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from ckpt_tool.slurm import chain, commands
 from ckpt_tool.slurm.chain import ChainConfig, ChainState, RunSpec
-from ckpt_tool.supervise.events import note
+from ckpt_tool.supervise.run_dir import note
 
 SIGNALS = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM"}
 EXCLUDE_TRIES, EXCLUDE_PAUSE_S = 40, 0.5  # ~20 s of retries, within a requeued job's KillWait at most

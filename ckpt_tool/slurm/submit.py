@@ -25,8 +25,7 @@ from ckpt_tool.core.layout import RUN_DIR_NAME
 from ckpt_tool.core.render import JobSpec, option_value, render, signal_lead
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
-from ckpt_tool.supervise.durations import read_durations
-from ckpt_tool.supervise.events import note
+from ckpt_tool.supervise.run_dir import note, read_timeouts
 
 
 def template() -> str:
@@ -36,7 +35,7 @@ def template() -> str:
 
 def measured_checkpoint_seconds(run_dir: Path) -> float | None:
     """The longest checkpoint phase `ckpt run` observed in this run directory, if any."""
-    durations = read_durations(run_dir)
+    durations = read_timeouts(run_dir)
     samples = durations.durations.get("checkpoint") if durations is not None else None
     return max(samples) if samples else None
 

@@ -8,10 +8,6 @@ import time
 
 import psutil
 
-from ckpt_tool.supervise.run_dir import read_ranks, write_ranks
-
-__all__ = ["alive", "end_launcher", "ignore_usr1", "kill_tree", "read_ranks", "write_ranks"]  # ranks.NODE.json: run_dir's
-
 
 def ignore_usr1() -> None:
     """For the processes ``ckpt run`` starts: SLURM sends USR1 to every process of the step, and

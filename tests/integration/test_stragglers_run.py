@@ -18,9 +18,9 @@ import pytest
 from ckpt_tool.core.stragglers import StragglerPolicy
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.supervise.events import read_events
 from ckpt_tool.supervise.rank_vitals import read_rank_health
 from ckpt_tool.supervise.round_end import node_name
+from ckpt_tool.supervise.run_dir import read_events
 
 from .conftest import assert_identical_to_reference, assert_no_straggler, ckpt_json
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ckpt_tool.supervise.events import read_events
+from ckpt_tool.supervise.run_dir import read_events
 from ckpt_tool.supervise.watchdog import RunConfig, Watchdog
 
 NEW_PID = 2**22 + 1  # a restarted rank is a new process

@@ -18,7 +18,7 @@ import pytest
 from ckpt_tool.core.node_ledger import fold_health
 from ckpt_tool.recipes.launch import compare_runs, read_metrics
 from ckpt_tool.store.store import CheckpointStore
-from ckpt_tool.supervise.events import read_events
+from ckpt_tool.supervise.run_dir import read_events
 
 from ..conftest import Recipe
 from .test_submit_chain import Job, sh
