@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.slurm.chain import parse_resize_script
 
 
 @dataclass(frozen=True)
@@ -22,14 +25,14 @@ class JobState:
     source: str  # which command answered
 
 
-def _run(argv: list[str], timeout: float = 30) -> str:
+def _run(argv: list[str], timeout: float = 30, cwd: str | None = None) -> str:
     if shutil.which(argv[0]) is None:
         raise CkptError(
             f"`{argv[0]}` is not on PATH: this machine has no SLURM client tools",
             "run on a login node of the cluster (or install slurm-client)",
             ExitCode.USAGE,
         )
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     if proc.returncode != 0:
         raise CkptError(
             f"`{' '.join(argv)}` failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}",
@@ -103,13 +106,10 @@ def available(name: str) -> bool:
 
 def _answer(argv: list[str], timeout: float = 30, cwd: str | None = None) -> str | None:
     """stdout of ``argv``, or None when it is missing, fails or does not answer in time."""
-    if shutil.which(argv[0]) is None:
-        return None
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    except (OSError, subprocess.TimeoutExpired):
+        return _run(argv, timeout, cwd)
+    except (CkptError, OSError, subprocess.TimeoutExpired):
         return None
-    return proc.stdout if proc.returncode == 0 else None
 
 
 def job_state_reason(job_id: str) -> tuple[str, str]:
@@ -144,11 +144,6 @@ def shrink(job_id: str, keep: str) -> dict[str, str] | None:
     """``scontrol update JobId=JOB NodeList=KEEP``: the running job gives its other nodes back;
     returns the variables of the resize script scontrol writes (SLURM_JOB_NODELIST,
     SLURM_JOB_NUM_NODES... of the smaller job), or None when the update failed."""
-    import tempfile
-    from pathlib import Path
-
-    from ckpt_tool.slurm.chain import parse_resize_script
-
     with tempfile.TemporaryDirectory(prefix="ckpt-resize-") as folder:
         if _answer(["scontrol", "update", f"JobId={job_id}", f"NodeList={keep}"], cwd=folder) is None:
             return None
