@@ -467,9 +467,10 @@ def at_most(ratio: float, bound: float) -> tuple[str, bool]:
     return f"<= {bound:g}", ratio <= bound
 
 
-def run_json(cmd: Sequence[str], timeout_s: float) -> dict[str, Any]:
-    """Run a benchmark script in a fresh process; its stderr passes through, the last stdout line is the result."""
-    proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, text=True, timeout=timeout_s)
+def run_json(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a benchmark script in a fresh process (with ``env``, else this one's); its stderr passes
+    through, the last stdout line is the result."""
+    proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, text=True, timeout=timeout_s, env=env)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; stdout tail: {lines[-5:]}")

@@ -155,21 +155,20 @@ class Check:
             return False, f"not bit-identical: {len(cmp.mismatches)} line(s) differ, missing steps {list(cmp.missing_steps)}", figures
         return True, f"bit-identical over {cmp.steps_compared} steps after a SIGKILL at step {crash_at}", figures
 
-    def big_save(self) -> tuple[bool, str, dict[str, Any]]:
-        d = self.work / "big"
+    def _inner(self, name: str, folder: str, timeout_s: float) -> tuple[bool, str, dict[str, Any]]:
+        """Step ``name`` in a process of its own (``--inner NAME``), its figures read back as JSON."""
+        d = self.work / folder
         d.mkdir()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", "big_save", "--device", self.device, "--out", str(d)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", name, "--device", self.device, "--out", str(d)]
         cmd += ["--tiny"] if self.sizes is TINY else []
-        result = common_run_json(cmd, self.env, 300)
+        result = common.run_json(cmd, timeout_s, self.env)
         return bool(result.pop("ok")), str(result.pop("detail")), result
 
+    def big_save(self) -> tuple[bool, str, dict[str, Any]]:
+        return self._inner("big_save", "big", 300)
+
     def fast_tier(self) -> tuple[bool, str, dict[str, Any]]:
-        d = self.work / "fast"
-        d.mkdir()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", "fast_tier", "--device", self.device, "--out", str(d)]
-        cmd += ["--tiny"] if self.sizes is TINY else []
-        result = common_run_json(cmd, self.env, 200)
-        return bool(result.pop("ok")), str(result.pop("detail")), result
+        return self._inner("fast_tier", "fast", 200)
 
     def nvml(self) -> tuple[bool, str, dict[str, Any]]:
         figures: dict[str, Any] = {}
@@ -246,14 +245,6 @@ class Check:
         self.run_step("fast_tier", self.fast_tier)
         self.run_step("nvml", self.nvml)
         self.run_step("cpu_side", self.cpu_side)
-
-
-def common_run_json(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, timeout=timeout)
-    lines = proc.stdout.strip().splitlines()
-    if not lines:
-        raise RuntimeError(f"{cmd[-4:]} exited with {proc.returncode} and printed no result (its stderr is above)")
-    return json.loads(lines[-1])
 
 
 # ----------------------------------------------------------------------------- inner measurements (own process)
