@@ -14,7 +14,7 @@ Forking after ``import torch`` is safe as long as nothing has started CUDA or an
 (the spare maker runs no torch operation; import starts one idle native thread): the same
 assumption as a DataLoader worker forked from a training process. A ``--warm-import`` module may
 break it (a torch operation at import starts the intra-op pool: one more thread per core but one;
-a ``.cuda()`` at import starts CUDA), so the maker counts its threads (``/proc/self/task``) around
+a ``.cuda()`` at import starts CUDA), so the maker counts its threads (psutil: native ones too) around
 each such import and asks ``torch.cuda.is_initialized()``, and again before each fork
 (``fork_hazard``). On a hazard it makes no spare from then on: it writes why, naming the module,
 to ``POOL_DIR/<pid>.off`` (``ckpt run`` logs it as ``warm_off``; the ranks start cold) and goes on
@@ -37,6 +37,8 @@ import traceback
 import warnings
 from pathlib import Path
 from typing import NoReturn
+
+import psutil
 
 from ckpt_tool.core.handoff import READY, WARMING
 from ckpt_tool.supervise.handoff import status_path
@@ -68,12 +70,7 @@ def fork_hazard(culprit: str, cuda_initialized: bool, threads_before: int, threa
 
 def thread_count() -> int:
     """This process's threads, native ones included (an OpenMP pool is invisible to ``threading``)."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:  # pragma: no cover - not Linux
-        import psutil
-
-        return psutil.Process().num_threads()
+    return psutil.Process().num_threads()
 
 
 def cuda_started() -> bool:
