@@ -12,12 +12,11 @@ import sys
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from ckpt_tool import __version__
 from ckpt_tool.cli import changes, checkpoints, contents_commands, demo, jobs, nodes, plan, runs
 from ckpt_tool.cli.help import Command, Group
-from ckpt_tool.cli.output import err
+from ckpt_tool.cli.output import print_error
 from ckpt_tool.errors import CkptError
 
 EXIT_CODES = (
@@ -127,7 +126,5 @@ def main(argv: list[str] | None = None) -> None:
     except CkptError as exc:
         if debug:
             raise
-        err.print(f"[bold red]error:[/] {escape(exc.message)}")
-        if exc.hint:
-            err.print(f"[yellow]hint:[/] {escape(exc.hint)}")
+        print_error(exc)
         sys.exit(exc.exit_code)

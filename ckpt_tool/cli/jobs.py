@@ -16,7 +16,7 @@ from typing import Any
 import typer
 
 from ckpt_tool.cli.options import JsonTextOpt, json_option, run_dir_option
-from ckpt_tool.cli.output import err, escape, human, out, print_json
+from ckpt_tool.cli.output import err, escape, human, out, print_error, print_json
 from ckpt_tool.cli.targets import run_dir_for
 from ckpt_tool.core.node_ledger import DEFAULT_SUSPECT_AFTER
 from ckpt_tool.core.stragglers import StragglerPolicy
@@ -421,9 +421,7 @@ def _recover_step(ckpt_dir: Path, run_dir: Path) -> Any:
         try:
             recover(ckpt_dir=ckpt_dir, run_dir=run_dir, world_size=world_size, nodes=nodes, full=False, as_json=False)
         except CkptError as exc:
-            err.print(f"[bold red]error:[/] {escape(exc.message)}")
-            if exc.hint:
-                err.print(f"[yellow]hint:[/] {escape(exc.hint)}")
+            print_error(exc)
             return int(exc.exit_code)
         return 0
 

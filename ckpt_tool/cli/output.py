@@ -23,6 +23,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ckpt_tool.errors import CkptError
+
 # soft_wrap: a line is never cut or folded to the (unknown) width of a pipe
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -159,3 +161,10 @@ def note(text: str | None) -> None:
     """A ``note:`` line on stderr (nothing for an empty one): something a command recorded or noticed."""
     if text:
         err.print(f"[yellow]note:[/] {escape(text)}")
+
+
+def print_error(exc: CkptError) -> None:
+    """A ``CkptError`` as the CLI says it, on stderr: ``error: MESSAGE`` and ``hint: HINT``."""
+    err.print(f"[bold red]error:[/] {escape(exc.message)}")
+    if exc.hint:
+        err.print(f"[yellow]hint:[/] {escape(exc.hint)}")
