@@ -42,13 +42,16 @@ def raised_at(exc: BaseException) -> str:
 
 
 class CkptError(Exception):
-    """A failure the user can act on: ``message`` says what is wrong, ``hint`` what to do next."""
+    """A failure the user can act on: ``message`` says what is wrong, ``hint`` what to do next.
+    ``exit_code`` defaults to the kind's (``default_exit_code``: 1 here, each subclass its own)."""
 
-    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.FAILED) -> None:
+    default_exit_code: int = ExitCode.FAILED
+
+    def __init__(self, message: str, hint: str = "", exit_code: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
-        self.exit_code = exit_code
+        self.exit_code = self.default_exit_code if exit_code is None else exit_code
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
@@ -59,32 +62,24 @@ class DamageError(CkptError):
     quarantine it and fall back to an older one. Exit 1. Every raiser of damage raises this
     kind; a plain ``CkptError`` with exit 1 is some other failure (a command, a write)."""
 
-    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.FAILED) -> None:
-        super().__init__(message, hint, exit_code)
-
 
 class ConflictError(CkptError):
     """Something else holds or changed what this wanted to change: the directory's lock or owner,
     a step that exists, a prune racing a commit. Not damage, not a disk failure. Exit 4."""
 
-    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.CONFLICT) -> None:
-        super().__init__(message, hint, exit_code)
+    default_exit_code = ExitCode.CONFLICT
 
 
 class SaveFailedError(CkptError):
     """Saves failed (disk full, read-only, permissions, I/O errors); the previous checkpoint is
     intact. ``ckpt run`` does not restart it: the same disk fails the same way. Exit 78."""
 
-    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.SAVE_FAILED) -> None:
-        super().__init__(message, hint, exit_code)
+    default_exit_code = ExitCode.SAVE_FAILED
 
 
 class MisfitError(ConflictError):
     """A sound checkpoint that does not fit this run (world size, shapes, global batch): nothing
     is moved, an older checkpoint would not fit either. Exit 4 (a conflict with the run)."""
-
-    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.CONFLICT) -> None:
-        super().__init__(message, hint, exit_code)
 
 
 class NewerFormatError(MisfitError):
@@ -94,5 +89,4 @@ class NewerFormatError(MisfitError):
 class PermissionDeniedError(CkptError):
     """A file this user may not read or change: not damage, nothing judged or moved. Exit 2."""
 
-    def __init__(self, message: str, hint: str = "", exit_code: int = ExitCode.USAGE) -> None:
-        super().__init__(message, hint, exit_code)
+    default_exit_code = ExitCode.USAGE
