@@ -21,10 +21,16 @@ error, a critical XID) makes its node suspect at once; a ``straggler`` is counte
 node suspect only when the run asked for it (``ckpt run --straggler-suspect``: the event then
 says ``suspect``). A one-node job is then requeued on another node (ExcNodeList).
 
-``plan_nodes`` turns the ledger into one action for the batch script: ``continue``, ``shrink``
-(scontrol update NodeList=keep), ``requeue`` (with ExcNodeList) or ``stop`` (the failure is not a
-node's: the crash-loop breaker's business). One guard keeps a code bug from eating the
-allocation: after nodes were left behind, no more are until a new checkpoint was committed.
+A standby that fails its pre-flight check (``node_check`` with ``result=failed``, the chain's
+``--node-check`` command) is flagged the same way: it never takes a slot.
+
+``plan_nodes`` turns the ledger into one action for the batch script: ``continue``, ``replace``
+(hot spares: a standby of the allocation takes each suspect's slot, the same node count and world
+size; the suspect is given back with scontrol update NodeList=keep), ``shrink`` (no standby left:
+go on with fewer nodes), ``requeue`` (with ExcNodeList), ``check`` (run the pre-flight check on
+the standbys about to take a slot, then ask again) or ``stop`` (the failure is not a node's: the
+crash-loop breaker's business). One guard keeps a code bug from eating the allocation: after
+nodes were left behind or replaced, no more are until a new checkpoint was committed.
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from typing import Any, Literal
 BLAMING_CAUSES = frozenset({"crashed", "killed", "hung"})
 VICTIM_CAUSES = frozenset({"peer_failure", "terminated"})
 DEFAULT_SUSPECT_AFTER = 2
-LEAVE_EVENT = "nodes_left_behind"  # logged by `ckpt nodes` when it tells the script to shrink or requeue
+LEAVE_EVENT = "nodes_left_behind"  # logged by `ckpt nodes` when it tells the script to shrink, replace or requeue
+REPLACED_EVENT = "replaced"  # logged by `ckpt nodes`, one per suspect a standby replaces
+ACTIVE_EVENT = "nodes_active"  # logged by `ckpt job` as a round starts: which nodes run ranks, which stand by
+CHECK_EVENT = "node_check"  # logged by `ckpt job`: a node's pre-flight check (--node-check), passed or failed
 
 # A collective that failed because a peer went away: not this rank's fault.
 _PEER_ERROR_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
@@ -106,6 +115,9 @@ class HealthLedger:
     unattributed: int = 0  # failure groups blamed on every node, or on none
     leave_checkpoint: int | None = None  # the newest checkpoint when nodes were last left behind
     left_any: bool = False
+    active: tuple[str, ...] = ()  # the nodes that ran ranks in the newest round (ACTIVE_EVENT)
+    standby: tuple[str, ...] = ()  # the allocation's standbys then: no ranks, ready to take a slot
+    replaced: tuple[tuple[str, str, str], ...] = ()  # (node, standby that took its slot, why), oldest first
 
     def record(self, node: str) -> NodeRecord:
         """The record of ``node``: an empty one when nothing was blamed on it."""
@@ -128,6 +140,9 @@ class HealthLedger:
             "suspect_after": suspect_after,
             "failures_attributed": self.attributed,
             "failures_unattributed": self.unattributed,
+            "active": list(self.active),
+            "standby": list(self.standby),
+            "replaced": [{"node": n, "by": by, "reason": why} for n, by, why in self.replaced],
         }
 
 
@@ -166,8 +181,12 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
     round_end: dict[str, float] = {}  # exits after a round was ended are the watchdogs' own doing
     groups: dict[tuple[str, int], _Group] = {}
     order: list[tuple[str, Any]] = []  # ("group", key) or ("leave", event), in log order
+    roster: dict[str, Any] = {}
     for e in events:
         node, rnd = e.get("node"), e.get("round")
+        if e.get("event") in (ACTIVE_EVENT, REPLACED_EVENT):
+            _roster(roster, e)
+            continue
         if e.get("event") == LEAVE_EVENT or (e.get("event") in _MARKS and isinstance(node, str)):
             order.append(("mark" if e.get("event") in _MARKS else "leave", e))
             continue
@@ -224,14 +243,33 @@ def fold_health(events: Iterable[Mapping[str, Any]]) -> HealthLedger:
                 records[n] = replace(r, in_a_row=r.in_a_row + 1, total=r.total + 1, last_reason=reason, last_time=when)
             else:
                 records[n] = replace(r, in_a_row=0)
-    return replace(ledger, nodes=tuple(records[n] for n in sorted(records)))
+    return replace(ledger, nodes=tuple(records[n] for n in sorted(records)), **roster)
 
 
-_MARKS = frozenset({"straggler", "gpu_error"})
+def _names(value: Any) -> tuple[str, ...]:
+    """A node list as an event holds it: a JSON list, or the chain's comma string (- for none)."""
+    if isinstance(value, list):
+        return tuple(str(n) for n in value)
+    return tuple(n for n in str(value or "").split(",") if n and n != "-")
+
+
+def _roster(roster: dict[str, Any], e: Mapping[str, Any]) -> None:
+    """The newest round's active and standby nodes, and every replacement, from their events."""
+    if e.get("event") == ACTIVE_EVENT:
+        roster["active"], roster["standby"] = _names(e.get("active")), _names(e.get("standby"))
+    elif e.get("node") and e.get("by"):
+        roster["replaced"] = (*roster.get("replaced", ()), (str(e["node"]), str(e["by"]), str(e.get("reason", ""))))
+
+
+_MARKS = frozenset({"straggler", "gpu_error", CHECK_EVENT})
 
 
 def _marked(r: NodeRecord, e: Mapping[str, Any]) -> NodeRecord:
-    """A ``straggler`` or ``gpu_error`` event's entry in its node's record."""
+    """A ``straggler``, ``gpu_error`` or ``node_check`` event's entry in its node's record."""
+    if e.get("event") == CHECK_EVENT:
+        if e.get("result") != "failed":
+            return r
+        return replace(r, flagged=f"node check failed ({e.get('detail') or 'exit ' + str(e.get('exit_code'))})")
     if e.get("event") == "gpu_error":
         xids = ", ".join(str(x) for x in e.get("xids") or [])
         what = f"XID {xids}" if xids else f"{e.get('ecc_uncorrected_new')} uncorrectable ECC error(s)"
@@ -256,19 +294,37 @@ def last_round_finished(events: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
 
 _ROUND_ENDS = frozenset({"finished", "failed", "crash_loop", "fatal", "round_ended", "stopped_for_requeue", "stop_deadline"})
 
-Action = Literal["continue", "shrink", "requeue", "stop", "finished"]
+Action = Literal["continue", "replace", "shrink", "requeue", "check", "stop", "finished"]
 
 
 @dataclass(frozen=True)
 class NodePlan:
-    """What the batch script does next: ``keep`` the nodes to go on with, ``drop`` the nodes to
-    give back now, ``exclude`` every node the job must not land on again (for ExcNodeList)."""
+    """What the batch script does next: ``keep`` the nodes to go on with (the allocation after the
+    give-back), ``drop`` the nodes to give back now, ``exclude`` every node the job must not land on
+    again (for ExcNodeList), ``active`` the nodes of ``keep`` that run ranks in the next round (the
+    rest stand by), ``check`` the standbys to pre-flight before this plan holds (action ``check``),
+    ``replaced`` (suspect, standby) for each slot a standby takes."""
 
     action: Action
     keep: tuple[str, ...]
     drop: tuple[str, ...]
     exclude: tuple[str, ...]
     reason: str
+    active: tuple[str, ...] = ()
+    check: tuple[str, ...] = ()
+    replaced: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def standby(self) -> tuple[str, ...]:
+        """The nodes kept without ranks: hot spares for the next suspect."""
+        return tuple(n for n in self.keep if n not in self.active)
+
+    def script_fields(self) -> tuple[str, str, str, str, str, str, str]:
+        """The plan as ``ckpt nodes --for-script`` prints it: ACTION KEEP DROP EXCLUDE ACTIVE CHECK
+        REPLACED, comma lists (``-`` for none), REPLACED as ``suspect:standby`` pairs."""
+        lists = (self.keep, self.drop, self.exclude, self.active, self.check, tuple(f"{n}:{by}" for n, by in self.replaced))
+        keep, drop, exclude, active, check, replaced = (",".join(x) or "-" for x in lists)
+        return self.action, keep, drop, exclude, active, check, replaced
 
     def to_json(self) -> dict[str, Any]:
         """The plan as ``ckpt nodes --json`` prints it for the batch script."""
@@ -277,8 +333,25 @@ class NodePlan:
             "keep": list(self.keep),
             "drop": list(self.drop),
             "exclude": list(self.exclude),
+            "active": list(self.active),
+            "standby": list(self.standby),
+            "check": list(self.check),
+            "replaced": [{"node": n, "by": by} for n, by in self.replaced],
             "reason": self.reason,
         }
+
+
+@dataclass(frozen=True)
+class Roster:
+    """Which of the allocation's nodes run ranks: ``train_nodes`` of them (None: all), ``active`` the
+    ones that ran the last round (empty at a job's start: the first ``train_nodes`` in SLURM's order),
+    ``node_check`` whether a standby is pre-flighted before it takes a slot, ``checked`` the nodes
+    whose check passed for the decision under way."""
+
+    train_nodes: int | None = None
+    active: tuple[str, ...] = ()
+    node_check: bool = False
+    checked: tuple[str, ...] = ()
 
 
 def plan_nodes(
@@ -289,16 +362,21 @@ def plan_nodes(
     after_failure: bool,
     suspect_after: int = DEFAULT_SUSPECT_AFTER,
     finished: Sequence[str] = (),
+    roster: Roster = Roster(),
 ) -> NodePlan:
-    """The next action for a job on ``current`` nodes.
+    """The next action for a job on ``current`` nodes (the whole allocation, standbys included).
 
     At a job's start (``after_failure`` False) nodes left behind before (or suspect) are dropped
     again: SLURM may hand them back when ExcNodeList could not be set. After a failed round, the
     suspects are dropped; when none is suspect the failure is not a node's and the job stops.
-    With fewer than ``min_nodes`` left it requeues excluding every bad node. ``finished``: the
-    nodes that finished the training in the failed round (``last_round_finished``): then srun
-    only reported a node lost on the way, and the job is done.
+    Each dropped active node's slot goes to a standby (``replace``: the healthy active nodes keep
+    their order, the standbys follow in SLURM's order); only with no standby left does the job go
+    on with fewer nodes (``shrink``), and with fewer than ``min_nodes`` it requeues excluding every
+    bad node. ``finished``: the nodes that finished the training in the failed round
+    (``last_round_finished``): then srun only reported a node lost on the way, and the job is done.
     """
+    suspects = set(ledger.suspects(suspect_after))
+    exclude = tuple(sorted(set(ledger.left_behind()) | suspects))
     if after_failure and finished:
         return NodePlan(
             "finished",
@@ -306,15 +384,20 @@ def plan_nodes(
             (),
             ledger.left_behind(),
             f"the training finished on {', '.join(finished)}; srun reported the exit of a node lost during the round",
+            active=tuple(finished),
         )
-    suspects = set(ledger.suspects(suspect_after))
     bad = suspects | set(ledger.left_behind()) if not after_failure else suspects
     drop = tuple(n for n in current if n in bad)
     keep = tuple(n for n in current if n not in bad)
-    exclude = tuple(sorted(set(ledger.left_behind()) | suspects))
+    want = min(roster.train_nodes or len(current), len(current))
+    before = roster.active or tuple(current[:want])
+    stays = tuple(n for n in before if n in keep)
+    standbys = tuple(n for n in keep if n not in stays)
+    takes = standbys[: max(0, want - len(stays))]
+    active = stays + takes
     if not drop:
         if not after_failure:
-            return NodePlan("continue", keep, (), exclude, "no node of this allocation is suspect")
+            return NodePlan("continue", keep, (), exclude, "no node of this allocation is suspect", active=active)
         return NodePlan(
             "stop",
             keep,
@@ -322,6 +405,7 @@ def plan_nodes(
             exclude,
             f"no node failed {suspect_after} times in a row while the others were fine: the failure is not one node's "
             "(a bug in the code or the data fails everywhere); not leaving any node behind",
+            active=stays,
         )
     blamed = "; ".join(f"{n}: {ledger.record(n).why()}" for n in drop)
     if after_failure and ledger.left_any and newest_checkpoint == ledger.leave_checkpoint:
@@ -332,13 +416,29 @@ def plan_nodes(
             exclude,
             f"failures went on after nodes were left behind, with no new checkpoint since ({blamed}): "
             "the fault follows the job, not a node; not leaving more nodes behind",
+            active=stays,
         )
-    if len(keep) >= min_nodes:
-        return NodePlan("shrink", keep, drop, exclude, f"leaving {', '.join(drop)} behind ({blamed}); going on with {len(keep)} node(s)")
+    unchecked = tuple(n for n in takes if n not in roster.checked) if roster.node_check else ()
+    if unchecked and len(active) >= min_nodes:
+        return NodePlan(
+            "check", keep, drop, exclude, f"checking standby {', '.join(unchecked)} before it takes a slot ({blamed})", active, unchecked
+        )
+    lost = tuple(n for n in before if n not in stays)  # suspect, or gone from the allocation
+    replaced = tuple(zip(lost, takes, strict=False)) if after_failure else ()
+    if len(active) >= want and replaced:
+        pairs = ", ".join(f"{n} with {by}" for n, by in replaced)
+        spare = f"; {len(keep) - len(active)} standby left"
+        return NodePlan("replace", keep, drop, exclude, f"replacing {pairs} ({blamed}){spare}", active, (), replaced)
+    if len(active) >= min_nodes:
+        short = (
+            f"; no standby left: going on with {len(active)} node(s)" if len(active) < want else f"; going on with {len(active)} node(s)"
+        )
+        return NodePlan("shrink", keep, drop, exclude, f"leaving {', '.join(drop)} behind ({blamed}){short}", active, (), replaced)
     return NodePlan(
         "requeue",
         keep,
         drop,
         exclude,
-        f"only {len(keep)} healthy node(s) left, fewer than --min-nodes {min_nodes} ({blamed}): requeue excluding {', '.join(exclude)}",
+        f"only {len(active)} healthy node(s) left, fewer than --min-nodes {min_nodes} ({blamed}): requeue excluding {', '.join(exclude)}",
+        active,
     )

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from ckpt_tool.core.node_ledger import LEAVE_EVENT, classify_crash, fold_health, plan_nodes
+from ckpt_tool.core.node_ledger import (
+    ACTIVE_EVENT,
+    CHECK_EVENT,
+    LEAVE_EVENT,
+    REPLACED_EVENT,
+    Roster,
+    classify_crash,
+    fold_health,
+    plan_nodes,
+)
 
 NODES = ("n1", "n2", "n3")
 
@@ -208,3 +217,88 @@ def test_a_round_watch_ends_at_once_or_after_the_stops_checkpoint(tmp_path):
     reader.take(suspect, ranks_stopped=False, can_ask=True)
     assert reader.marker() is None  # known to be over: not read again
     assert RoundWatch(tmp_path, "r2", "n1").marker() is None  # another round's marker
+
+
+# --------------------------------------------------------------------------- hot spares
+
+
+def two_active(culprit: str, rnd: str = "r", attempts: int = 2) -> list[dict]:
+    """A round on n1, n2 (n3 stands by) in which ``culprit``'s rank crashes ``attempts`` times."""
+    other = "n2" if culprit == "n1" else "n1"
+    events = start(rnd, "n1", "n2")
+    for a in range(attempts):
+        events += [
+            exit_(rnd, a, culprit, "crashed", 1.0 + a, reason="RuntimeError: CUDA error"),
+            exit_(rnd, a, other, "peer_failure", 1.5 + a),
+        ]
+    return events
+
+
+def test_a_standby_takes_the_suspects_slot_keeping_size_order_and_world():
+    plan = plan_nodes(NODES, fold_health(two_active("n1")), 1, 10, after_failure=True, roster=Roster(train_nodes=2, active=("n1", "n2")))
+    assert (plan.action, plan.keep, plan.drop, plan.exclude) == ("replace", ("n2", "n3"), ("n1",), ("n1",))
+    assert plan.active == ("n2", "n3") and plan.standby == () and plan.replaced == (("n1", "n3"),)
+    assert "replacing n1 with n3 (n1: 2 failures in a row" in plan.reason and "0 standby left" in plan.reason
+    assert plan.script_fields() == ("replace", "n2,n3", "n1", "n1", "n2,n3", "-", "n1:n3")
+    # the replace needs no --min-nodes: a job that may not shrink still keeps its size
+    assert plan_nodes(NODES, fold_health(two_active("n1")), 2, 10, True, roster=Roster(2, ("n1", "n2"))).action == "replace"
+    # with no standby left the same failure shrinks (min 1) or requeues (min 2), as without spares
+    assert plan_nodes(("n1", "n2"), fold_health(two_active("n1")), 1, 10, True, roster=Roster(2, ("n1", "n2"))).action == "shrink"
+    assert plan_nodes(("n1", "n2"), fold_health(two_active("n1")), 2, 10, True, roster=Roster(2, ("n1", "n2"))).action == "requeue"
+
+
+def test_at_the_start_the_first_train_nodes_run_and_the_rest_stand_by():
+    plan = plan_nodes(NODES, fold_health([]), 2, None, after_failure=False, roster=Roster(train_nodes=2))
+    assert (plan.action, plan.active, plan.standby) == ("continue", ("n1", "n2"), ("n3",))
+    # a node left behind before and handed back by SLURM: given back again, the standby trains in its place
+    ledger = fold_health([{"event": LEAVE_EVENT, "drop": ["n1"], "reason": "x", "checkpoint": 5, "time": 1.0}])
+    plan = plan_nodes(NODES, ledger, 2, 5, after_failure=False, roster=Roster(train_nodes=2))
+    assert (plan.action, plan.drop, plan.active, plan.replaced) == ("shrink", ("n1",), ("n2", "n3"), ())
+
+
+def test_two_failing_nodes_one_spare_replace_then_shrink_and_the_guard_still_holds():
+    events = two_active("n1")
+    events += [
+        {"event": LEAVE_EVENT, "action": "replace", "drop": ["n1"], "keep": ["n2", "n3"], "reason": "x", "checkpoint": 10, "time": 3.0}
+    ]
+    events += [{"event": REPLACED_EVENT, "node": "n1", "by": "n3", "reason": "2 failures", "time": 3.0}]
+    events += [{"event": ACTIVE_EVENT, "active": "n2,n3", "standby": "-", "time": 3.5}]
+    events += [{**e, "time": e["time"] + 10} for e in two_active("n3", "s")]  # the spare fails too
+    ledger = fold_health(events)
+    assert ledger.active == ("n2", "n3") and ledger.standby == () and ledger.replaced == (("n1", "n3", "2 failures"),)
+    roster = Roster(train_nodes=2, active=ledger.active)
+    plan = plan_nodes(("n2", "n3"), ledger, 1, 20, after_failure=True, roster=roster)
+    assert (plan.action, plan.keep, plan.drop, plan.active) == ("shrink", ("n2",), ("n3",), ("n2",)) and "no standby left" in plan.reason
+    # the same with no checkpoint since the replacement: the fault follows the job, nothing more is left behind
+    assert plan_nodes(("n2", "n3"), ledger, 1, 10, after_failure=True, roster=roster).action == "stop"
+    assert ledger.to_json()["replaced"] == [{"node": "n1", "by": "n3", "reason": "2 failures"}]
+
+
+def test_a_moving_fault_or_a_bug_everywhere_replaces_nobody_and_leaves_the_spare():
+    moving = start("r", "n1", "n2") + [
+        exit_("r", 0, "n1", "crashed"),
+        exit_("r", 1, "n2", "crashed", 2.0),
+        exit_("r", 2, "n1", "crashed", 3.0),
+    ]
+    bug = start("r", "n1", "n2") + [exit_("r", a, n, "crashed", reason="ValueError: bug") for a in range(3) for n in ("n1", "n2")]
+    for events in (moving, bug):
+        plan = plan_nodes(NODES, fold_health(events), 1, 10, after_failure=True, roster=Roster(train_nodes=2, active=("n1", "n2")))
+        assert (plan.action, plan.drop, plan.replaced, plan.standby) == ("stop", (), (), ("n3",))
+
+
+def test_a_standby_is_checked_before_it_takes_a_slot_and_one_that_fails_is_left_behind():
+    roster = Roster(train_nodes=2, active=("n1", "n2"), node_check=True)
+    plan = plan_nodes(NODES, fold_health(two_active("n1")), 1, 10, after_failure=True, roster=roster)
+    assert (plan.action, plan.check) == ("check", ("n3",)) and "checking standby n3" in plan.reason
+    passed = Roster(2, ("n1", "n2"), True, checked=("n3",))
+    assert plan_nodes(NODES, fold_health(two_active("n1")), 1, 10, True, roster=passed).action == "replace"
+    failed = two_active("n1") + [
+        {"event": CHECK_EVENT, "node": "n3", "result": "failed", "exit_code": 1, "detail": "dcgmi: PCIe", "time": 4.0}
+    ]
+    ledger = fold_health(failed)
+    assert ledger.record("n3").flagged == "node check failed (dcgmi: PCIe)"
+    plan = plan_nodes(NODES, ledger, 1, 10, after_failure=True, roster=roster)
+    assert (plan.action, plan.drop, plan.active, plan.replaced) == ("shrink", ("n1", "n3"), ("n2",), ())
+    assert plan_nodes(NODES, ledger, 2, 10, after_failure=True, roster=roster).action == "requeue"
+    ok = {"event": CHECK_EVENT, "node": "n3", "result": "passed", "exit_code": 0, "time": 4.0}
+    assert fold_health([*two_active("n1"), ok]).record("n3").flagged is None
