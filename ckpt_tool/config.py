@@ -29,6 +29,8 @@ KEYS: dict[str, tuple[type, str]] = {
     "constraint": (str, '"a100&ib"'),
     "mem": (str, '"200G"'),
     "cpus_per_task": (int, "32"),
+    "spares": (int, "1"),
+    "node_check": (str, '"dcgmi diag -r 1"'),
 }
 
 

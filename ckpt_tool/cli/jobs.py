@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from ckpt_tool.cli.options import JsonTextOpt, json_option, run_dir_option
+from ckpt_tool.cli.options import JsonTextOpt, NodeCheckAtStartOpt, NodeCheckOpt, NodeCheckTimeoutOpt, json_option, run_dir_option
 from ckpt_tool.cli.output import err, escape, human, out, print_error, print_json
 from ckpt_tool.cli.targets import run_dir_for
 from ckpt_tool.core.node_ledger import DEFAULT_SUSPECT_AFTER
@@ -217,7 +217,17 @@ def submit(
     ckpt_dir: Path = typer.Option(
         ..., "--ckpt-dir", help="Checkpoint directory on the shared filesystem; exported to the training as CKPT_DIR."
     ),
-    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes to ask for (the most the job uses)."),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes to train on (the most the job uses for ranks)."),
+    spares: int | None = typer.Option(
+        None,
+        "--spares",
+        min=0,
+        help="Hot spares: nodes allocated beside --nodes that stand by, each ready to take the slot of a node that keeps failing "
+        "(same size, same world: an exact resume); default 0 or ckpt.toml's spares.",
+    ),
+    node_check: str | None = NodeCheckOpt,
+    node_check_at_start: bool = NodeCheckAtStartOpt,
+    node_check_timeout: int = NodeCheckTimeoutOpt,
     min_nodes: int | None = typer.Option(
         None,
         "--min-nodes",
@@ -265,6 +275,10 @@ def submit(
         run_dir,
         signal_lead,
         nodes=nodes,
+        spares=spares,
+        node_check=node_check,
+        node_check_at_start=node_check_at_start,
+        node_check_timeout_s=node_check_timeout,
         min_nodes=min_nodes,
         suspect_after=suspect_after,
         straggler_suspect=straggler_suspect,
@@ -380,6 +394,12 @@ def job(
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Ranks per node."),
     max_restarts: int = typer.Option(3, "--max-restarts", min=0, help="Restarts inside one allocation (ckpt run)."),
     straggler_suspect: bool = typer.Option(False, "--straggler-suspect", help="ckpt run --straggler-suspect."),
+    train_nodes: int | None = typer.Option(
+        None, "--train-nodes", min=1, help="Nodes that run ranks (ckpt submit --nodes); the rest of the allocation stand by as hot spares."
+    ),
+    node_check: str | None = NodeCheckOpt,
+    node_check_at_start: bool = NodeCheckAtStartOpt,
+    node_check_timeout: int = NodeCheckTimeoutOpt,
 ) -> None:
     """The batch job of `ckpt submit` (its script execs this): the whole requeue chain, once per start.
 
@@ -389,8 +409,9 @@ def job(
     ckpt nodes says shrink, requeue excluding the bad nodes, or stop. Every step is a line
     `\\[ckpt job=ID restart=N HH:MM:SS] ...` of the job's output and an event in RUN_DIR/events.jsonl.
     """
+    from ckpt_tool.core.node_ledger import Roster
     from ckpt_tool.slurm.chain import RunSpec
-    from ckpt_tool.slurm.job import Job, JobSteps
+    from ckpt_tool.slurm.job import Job, JobSteps, NodeCheck
 
     if not os.environ.get("SLURM_JOB_ID"):
         raise CkptError(
@@ -410,8 +431,14 @@ def job(
         min_nodes=min_nodes,
         straggler_suspect=straggler_suspect,
     )
-    steps = JobSteps(recover=_recover_step(ckpt_dir, runs_in), nodes=_nodes_step(ckpt_dir, runs_in, min_nodes, suspect_after))
-    raise typer.Exit(Job(spec, steps, max_requeues).run())
+    if node_check_at_start and node_check is None:
+        raise CkptError(
+            "--node-check-at-start needs --node-check CMD", "e.g. --node-check 'dcgmi diag -r 1' --node-check-at-start", ExitCode.USAGE
+        )
+    roster = Roster(train_nodes, node_check=node_check is not None)
+    steps = JobSteps(recover=_recover_step(ckpt_dir, runs_in), nodes=_nodes_step(ckpt_dir, runs_in, min_nodes, suspect_after, roster))
+    check = NodeCheck(node_check, node_check_timeout) if node_check is not None else None
+    raise typer.Exit(Job(spec, steps, max_requeues, node_check=check, node_check_at_start=node_check_at_start).run())
 
 
 def _recover_step(ckpt_dir: Path, run_dir: Path) -> Any:
@@ -428,15 +455,17 @@ def _recover_step(ckpt_dir: Path, run_dir: Path) -> Any:
     return step
 
 
-def _nodes_step(ckpt_dir: Path, run_dir: Path, min_nodes: int, suspect_after: int) -> Any:
-    """``ckpt nodes --for-script`` as the job calls it: ACTION KEEP DROP EXCLUDE."""
+def _nodes_step(ckpt_dir: Path, run_dir: Path, min_nodes: int, suspect_after: int, roster: Any) -> Any:
+    """``ckpt nodes --for-script`` as the job calls it: ACTION KEEP DROP EXCLUDE ACTIVE CHECK REPLACED."""
 
-    def step(current: list[str], after_failure: bool) -> tuple[str, str, str, str]:
+    def step(current: list[str], active: list[str], checked: list[str], after_failure: bool) -> tuple[str, ...]:
+        from dataclasses import replace
+
         from ckpt_tool.ops.nodes import decide_nodes
 
-        plan = decide_nodes(ckpt_dir, run_dir, current, min_nodes, after_failure, suspect_after)
+        asked = replace(roster, active=tuple(active), checked=tuple(checked))
+        plan = decide_nodes(ckpt_dir, run_dir, current, min_nodes, after_failure, suspect_after, asked)
         err.print(f"ckpt nodes: {plan.action}: {escape(plan.reason)}")
-        keep, drop, exclude = (",".join(x) or "-" for x in (plan.keep, plan.drop, plan.exclude))
-        return plan.action, keep, drop, exclude
+        return plan.script_fields()
 
     return step

@@ -35,3 +35,16 @@ def run_dir_option(help: str) -> Any:
     """``--run-dir``: the run directory, when it is not the default ``CKPT_DIR/run``
     (:func:`ckpt_tool.cli.targets.run_dir_for`); ``help`` says what the command reads or writes there."""
     return typer.Option(None, "--run-dir", help=help)
+
+
+NodeCheckOpt = typer.Option(
+    None,
+    "--node-check",
+    help="Pre-flight command a standby must pass (exit 0) before it takes a slot, run on the node with "
+    "`srun -w NODE bash -c CMD` (e.g. 'dcgmi diag -r 1' or a script of yours); a standby that fails is left behind.",
+)
+"""``--node-check CMD`` of ``ckpt submit`` (put into the script) and ``ckpt job`` (run by the chain)."""
+NodeCheckAtStartOpt = typer.Option(False, "--node-check-at-start", help="Also run --node-check on every node at each job start.")
+"""``--node-check-at-start`` of ``ckpt submit`` and ``ckpt job``."""
+NodeCheckTimeoutOpt = typer.Option(120, "--node-check-timeout", min=1, help="Seconds before a node check counts as failed (it is killed).")
+"""``--node-check-timeout`` of ``ckpt submit`` and ``ckpt job``."""

@@ -37,8 +37,12 @@ class JobSpec:
     ckpt_dir: str
     run_dir: str
     ckpt: tuple[str, ...]  # how the node runs ckpt, e.g. ("/venv/bin/python", "-m", "ckpt_tool.cli.main")
-    nodes: int = 1
+    nodes: int = 1  # nodes that train (run ranks)
     min_nodes: int | None = None  # --nodes=MIN-MAX: the job may start and go on with fewer
+    spares: int = 0  # hot spares: nodes allocated beside ``nodes`` that stand by to take a failed node's slot
+    node_check: str | None = None  # pre-flight command for a standby (srun -w NODE bash -c CMD), exit 0 = healthy
+    node_check_at_start: bool = False  # run node_check on every node at each job start
+    node_check_timeout_s: int = 120
     suspect_after: int = 2
     straggler_suspect: bool = False  # ckpt run --straggler-suspect: a straggling node is left behind
     nproc_per_node: int = 1
@@ -73,8 +77,22 @@ class JobSpec:
                 f"e.g. --nodes {max(self.nodes, 2)} --min-nodes {max(self.nodes, 2) - 1}",
                 ExitCode.USAGE,
             )
-        if self.max_requeues < 0 or self.max_restarts < 0 or self.gpus_per_node < 0:
-            raise CkptError("--max-requeues, --max-restarts and --gpus-per-node must be >= 0", "see `ckpt submit --help`", ExitCode.USAGE)
+        if self.max_requeues < 0 or self.max_restarts < 0 or self.gpus_per_node < 0 or self.spares < 0:
+            raise CkptError(
+                "--max-requeues, --max-restarts, --gpus-per-node and --spares must be >= 0", "see `ckpt submit --help`", ExitCode.USAGE
+            )
+        if self.node_check is not None and (not self.node_check.strip() or "\n" in self.node_check or "\r" in self.node_check):
+            raise CkptError(
+                f"--node-check {self.node_check!r} is not one command line",
+                "give a command on one line, e.g. --node-check 'dcgmi diag -r 1' or --node-check /path/check.sh",
+                ExitCode.USAGE,
+            )
+        if self.node_check_at_start and self.node_check is None:
+            raise CkptError(
+                "--node-check-at-start needs --node-check CMD", "e.g. --node-check 'dcgmi diag -r 1' --node-check-at-start", ExitCode.USAGE
+            )
+        if self.node_check_timeout_s < 1:
+            raise CkptError("--node-check-timeout must be >= 1 second", "e.g. --node-check-timeout 300", ExitCode.USAGE)
         for name, parse, example in (("time", parse_time, "--time 24:00:00 or --time 2-00:00:00"), ("mem", parse_mem, "--mem 64G")):
             value = getattr(self, name)
             try:
@@ -115,9 +133,10 @@ class JobSpec:
 
     @property
     def nodes_range(self) -> str:
-        """``--nodes`` for sbatch: MIN-MAX when the job may run on fewer nodes."""
-        low = self.min_nodes or self.nodes
-        return f"{low}-{self.nodes}" if low < self.nodes else str(self.nodes)
+        """``--nodes`` for sbatch: the training nodes and the spares, MIN-MAX when the job may run on fewer."""
+        total = self.nodes + self.spares
+        low = self.min_nodes or total
+        return f"{low}-{total}" if low < total else str(total)
 
 
 def option_value(argv: Sequence[str], option: str) -> str | None:
@@ -149,9 +168,9 @@ def directives(spec: JobSpec) -> list[str]:
         f"#SBATCH --nodes={spec.nodes_range}",
         # With a node range, --ntasks-per-node=1 makes SLURM count MIN tasks and allocate MIN nodes
         # (measured); without it the job gets up to MAX, each with --cpus-per-task.
-        *(["#SBATCH --ntasks-per-node=1"] if spec.nodes_range == str(spec.nodes) else []),
-        # With a node range, a failed node must not end the job: it goes on with the others.
-        *(["#SBATCH --no-kill"] if spec.nodes_range != str(spec.nodes) else []),
+        *(["#SBATCH --ntasks-per-node=1"] if "-" not in spec.nodes_range else []),
+        # With a node range or spares, a failed node must not end the job: it goes on with the others.
+        *(["#SBATCH --no-kill"] if "-" in spec.nodes_range or spec.spares else []),
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
         f"#SBATCH --signal=B:USR1@{spec.signal_lead_s}",
@@ -182,6 +201,16 @@ def follow_up_commands(job_id: str, ckpt_dir: str) -> dict[str, str]:
     }
 
 
+def node_options(spec: JobSpec) -> str:
+    """``ckpt job``'s hot-spare options for ``spec`` (none without spares or a node check), quoted."""
+    q = shlex.quote
+    words = [f"--train-nodes {int(spec.nodes)}"] if spec.spares else []
+    if spec.node_check is not None:
+        words += [f"--node-check {q(spec.node_check)}", f"--node-check-timeout {int(spec.node_check_timeout_s)}"]
+        words += ["--node-check-at-start"] if spec.node_check_at_start else []
+    return "".join(" " + w for w in words)
+
+
 def render(spec: JobSpec, template: str) -> str:
     """The sbatch script: ``template`` (``string.Template``) filled with ``spec``'s directives and shell-quoted
     values. Raises ``KeyError`` or ``ValueError`` for a template with a placeholder it does not fill."""
@@ -199,6 +228,7 @@ def render(spec: JobSpec, template: str) -> str:
         "min_nodes": str(int(spec.min_nodes or spec.nodes)),
         "suspect_after": str(int(spec.suspect_after)),
         "straggler_suspect": " --straggler-suspect" if spec.straggler_suspect else "",
+        "node_options": node_options(spec),
         "command": " ".join(q(a) for a in spec.command),
         "env": "\n".join(f"export {k}={q(v)}" for k, v in spec.env),
     }

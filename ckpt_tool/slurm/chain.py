@@ -16,8 +16,16 @@ The rules (they were the batch script's bash until #31):
   after scancel) as for an exit 75.
 - **Exit codes of a round** (``ckpt run``): 0 finished; 75 checkpointed on request: requeue;
   anything else (1 restarts exhausted, 76 crash loop, 77 a node keeps failing, a node lost):
-  ``ckpt nodes --after-failure`` says continue, shrink (leave the suspects behind and start the
-  next round), requeue (excluding them), finished, or stop (the training failed by itself).
+  ``ckpt nodes --after-failure`` says continue, replace (a standby of the allocation takes each
+  suspect's slot: same size, same world), shrink (no standby left: leave the suspects behind and
+  start the next round on fewer nodes), requeue (excluding them), finished, or stop (the training
+  failed by itself). Either way the suspects are given back to SLURM (``scontrol update
+  NodeList=KEEP``) before the next round.
+- **Hot spares** (``--train-nodes N`` of a larger allocation): every round runs on the active
+  nodes ``ckpt nodes`` named (``srun --nodelist``), the others stand by. ``check`` from ``ckpt
+  nodes``: pre-flight the standbys about to take a slot (``--node-check``), then ask again with
+  the ones that passed; a failed check is in the ledger, so the standby is left behind.
+  ``--node-check-at-start`` checks every node of the allocation before the first question.
 - **Requeues are bounded** (``max_requeues``, against SLURM's restart count) and need scontrol.
 """
 
@@ -39,6 +47,7 @@ class ChainConfig:
     max_requeues: int
     min_nodes: int
     scontrol: bool = True  # scontrol is on PATH (a container without SLURM tools has none)
+    node_check_at_start: bool = False  # pre-flight every node of the allocation before the first round
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,9 @@ class ChainState:
     keep: str = "-"  # ckpt nodes' last answer (comma lists, - for none)
     drop: str = "-"
     exclude: str = "-"
+    active: str = "-"  # the nodes that run (ran) the round; - : the whole allocation
+    replaced: str = "-"  # suspect:standby pairs of the last replace
+    checked: str = "-"  # nodes whose pre-flight check passed for the decision under way
 
 
 # --------------------------------------------------------------------------- events
@@ -101,12 +113,24 @@ class RunExited:
 
 @dataclass(frozen=True)
 class NodesSaid:
-    """``ckpt nodes``' answer: ACTION KEEP DROP EXCLUDE; ``action=None``: it failed."""
+    """``ckpt nodes``' answer: ACTION KEEP DROP EXCLUDE ACTIVE CHECK REPLACED; ``action=None``: it failed."""
 
     action: str | None
     keep: str = "-"
     drop: str = "-"
     exclude: str = "-"
+    active: str = "-"
+    check: str = "-"
+    replaced: str = "-"
+
+
+@dataclass(frozen=True)
+class NodesChecked:
+    """The pre-flight checks (``--node-check``) ended: the nodes that ``passed`` and those that ``failed``
+    (each already recorded as a ``node_check`` event)."""
+
+    passed: str = "-"
+    failed: str = "-"
 
 
 @dataclass(frozen=True)
@@ -131,7 +155,7 @@ class ExcludeDone:
     ok: bool  # ExcNodeList took (the job was pending in time)
 
 
-Event = Started | SignalArrived | SlurmSaid | RecoverExited | RunExited | NodesSaid | ShrinkDone | RequeueDone | ExcludeDone
+Event = Started | SignalArrived | SlurmSaid | RecoverExited | RunExited | NodesSaid | NodesChecked | ShrinkDone | RequeueDone | ExcludeDone
 
 # --------------------------------------------------------------------------- actions
 
@@ -163,21 +187,36 @@ class AskSlurm:
 
 @dataclass(frozen=True)
 class AskNodes:
-    """``ckpt nodes``: answered with NodesSaid."""
+    """``ckpt nodes``: answered with NodesSaid. ``active``: the nodes that ran the last round,
+    ``checked``: the standbys whose pre-flight passed (comma lists, - for none)."""
 
     after_failure: bool
+    active: str = "-"
+    checked: str = "-"
+
+
+@dataclass(frozen=True)
+class CheckNodes:
+    """The pre-flight check on each of ``nodes`` (- : every node of the allocation), in parallel:
+    answered with NodesChecked."""
+
+    nodes: str = "-"
 
 
 @dataclass(frozen=True)
 class StartRecover:
-    """``ckpt recover`` for this allocation: answered with RecoverExited."""
+    """``ckpt recover`` for the round's ``nodes`` (- : the whole allocation): answered with RecoverExited."""
+
+    nodes: str = "-"
 
 
 @dataclass(frozen=True)
 class StartRun:
-    """srun: one ``ckpt run`` per node, round ``round``: answered with RunExited."""
+    """srun: one ``ckpt run`` on each of ``nodes`` (- : the whole allocation), round ``round``:
+    answered with RunExited."""
 
     round: int
+    nodes: str = "-"
 
 
 @dataclass(frozen=True)
@@ -206,7 +245,7 @@ class Exit:
     code: int
 
 
-Action = Log | Note | ForwardStop | AskSlurm | AskNodes | StartRecover | StartRun | Shrink | Requeue | Exclude | Exit
+Action = Log | Note | ForwardStop | AskSlurm | AskNodes | CheckNodes | StartRecover | StartRun | Shrink | Requeue | Exclude | Exit
 Step = tuple[ChainState, tuple[Action, ...]]
 
 USR1_CAUSE = "time-limit warning or scancel --signal=USR1"
@@ -242,25 +281,40 @@ def step(cfg: ChainConfig, st: ChainState, ev: Event) -> Step:
         return _on_slurm(cfg, st, ev)
     if isinstance(ev, Started):
         start = (Log("ready: trap installed"), note("job_start", job_id=cfg.job_id, restarts=cfg.restart, nodes=ev.nodes))
+        if cfg.node_check_at_start:
+            return replace(st, phase="check", after_failure=False), (*start, Log("checking every node before training"), CheckNodes())
         return replace(st, phase="nodes", after_failure=False), (*start, AskNodes(after_failure=False))
     if isinstance(ev, NodesSaid):
         # ckpt nodes failing: go on at the start (a node may be handed back), stop after a failure
         action = ev.action or ("stop" if st.after_failure else "continue")
-        return _act(cfg, replace(st, keep=ev.keep, drop=ev.drop, exclude=ev.exclude), action)
+        if action == "check":
+            return replace(st, phase="check"), (Log(f"checking standby {ev.check} before it takes a slot"), CheckNodes(ev.check))
+        said = replace(st, keep=ev.keep, drop=ev.drop, exclude=ev.exclude, replaced=ev.replaced, checked="-")
+        return _act(cfg, replace(said, active=ev.active) if ev.action else said, action)
+    if isinstance(ev, NodesChecked):
+        checked = ",".join(n for n in (*st.checked.split(","), *ev.passed.split(",")) if n != "-") or "-"
+        st2 = replace(st, phase="nodes", checked=checked)
+        said = Log(f"node check: passed {ev.passed}, failed {ev.failed}")
+        if st.stopping:
+            st3, actions = _requeue_or_stop(cfg, st2)
+            return st3, (said, *actions)
+        return st2, (said, AskNodes(st.after_failure, st.active, checked))
     if isinstance(ev, RecoverExited):
         if st.stopping:
             return _requeue_or_stop(cfg, st)
         if ev.rc != 0:
             return _end(st, Log(f"ckpt recover failed (exit {ev.rc}): not starting training"), code=ev.rc)
-        return replace(st, phase="run"), (StartRun(st.round),)
+        return replace(st, phase="run"), (*_roster_note(st), StartRun(st.round, st.active))
     if isinstance(ev, RunExited):
         return _on_run_exit(cfg, st, ev.rc)
     if isinstance(ev, ShrinkDone):
         if ev.nodelist is None:
             st2, actions = _requeue(cfg, st, f"could not leave {st.drop} behind")
             return st2, (Log(f"scontrol update NodeList={st.keep} failed: requeuing instead"), *actions)
+        pairs = [p.split(":") for p in st.replaced.split(",") if ":" in p]
+        how = f"replaced {', '.join(f'{n} with {by}' for n, by in pairs)}" if pairs else f"left {st.drop} behind"
         shrunk = (
-            Log(f"left {st.drop} behind: going on with {ev.num_nodes} node(s) ({ev.nodelist})"),
+            Log(f"{how}: going on with {_count(st.active) or ev.num_nodes} node(s) ({st.active if st.active != '-' else ev.nodelist})"),
             note("shrunk", dropped=st.drop, nodes=ev.nodelist, num_nodes=ev.num_nodes),
         )
         st2, actions = _go_on(cfg, st)
@@ -274,6 +328,19 @@ def step(cfg: ChainConfig, st: ChainState, ev: Event) -> Step:
     if isinstance(ev, ExcludeDone):
         return _end(st, *((note("excluded", nodes=st.exclude),) if ev.ok else ()), code=0)
     raise TypeError(f"not an event of the chain: {ev!r}")
+
+
+def _count(names: str) -> int:
+    """Nodes in a comma list (0 for -)."""
+    return len([n for n in names.split(",") if n and n != "-"])
+
+
+def _roster_note(st: ChainState) -> tuple[Action, ...]:
+    """The ``nodes_active`` event of a round that runs on named nodes: which train, which stand by."""
+    if st.active == "-":
+        return ()
+    standby = ",".join(n for n in st.keep.split(",") if n not in st.active.split(",") and n != "-") or "-"
+    return (note("nodes_active", active=st.active, standby=standby, round=st.round),)
 
 
 def _end(st: ChainState, *actions: Action, code: int) -> Step:
@@ -307,13 +374,13 @@ def _on_run_exit(cfg: ChainConfig, st: ChainState, rc: int) -> Step:
     if st.stopping or rc == 75:  # asked to stop: requeue whatever the exit (128+n: killed before its handler)
         st2, actions = _requeue_or_stop(cfg, st)
         return st2, (said, *actions)
-    return replace(st, phase="nodes", after_failure=True, last_rc=rc), (said, AskNodes(after_failure=True))
+    return replace(st, phase="nodes", after_failure=True, last_rc=rc), (said, AskNodes(after_failure=True, active=st.active))
 
 
 def _act(cfg: ChainConfig, st: ChainState, action: str) -> Step:
     if action == "continue":
         return _go_on(cfg, st)
-    if action == "shrink":
+    if action in ("shrink", "replace"):  # both give the suspects back; a replace keeps the round's size
         return replace(st, phase="shrink"), (Shrink(st.keep),)
     if action == "requeue":
         return _requeue(cfg, st, f"too few healthy nodes: need {cfg.min_nodes}")
@@ -335,7 +402,7 @@ def _go_on(cfg: ChainConfig, st: ChainState) -> Step:
     st2 = replace(st, phase="recover", round=st.round + (1 if st.after_failure else 0), after_failure=False)
     if st.stopping:
         return _requeue_or_stop(cfg, st2)
-    return st2, (StartRecover(),)
+    return st2, (StartRecover(st.active),)
 
 
 def _requeue_or_stop(cfg: ChainConfig, st: ChainState) -> Step:
@@ -395,14 +462,18 @@ def nnodes(min_nodes: int, num_nodes: int) -> str:
     return f"{min_nodes}:{num_nodes}" if min_nodes < num_nodes else str(num_nodes)
 
 
-def srun_argv(spec: RunSpec, job_id: str, restart: int, round_: int, num_nodes: int, endpoint: str) -> list[str]:
-    """srun: one ``ckpt run`` per node, meeting at ``endpoint`` (the first node, a free port)."""
+def srun_argv(
+    spec: RunSpec, job_id: str, restart: int, round_: int, num_nodes: int, endpoint: str, nodelist: Sequence[str] = ()
+) -> list[str]:
+    """srun: one ``ckpt run`` per node (on ``nodelist`` when given: the active nodes, not the
+    standbys), meeting at ``endpoint`` (the first node, a free port)."""
     run = [*spec.ckpt, "run", "--nproc-per-node", str(spec.nproc_per_node), "--nnodes", nnodes(spec.min_nodes, num_nodes)]
     run += ["--rdzv-endpoint", endpoint, "--rdzv-id", f"{job_id}.{restart}.{round_}", "--max-restarts", str(spec.max_restarts)]
     run += ["--suspect-after", str(spec.suspect_after), *(["--straggler-suspect"] if spec.straggler_suspect else [])]
     run += ["--ckpt-dir", spec.ckpt_dir, "--run-dir", spec.run_dir, "--", *spec.command]
     n = str(num_nodes)
-    return ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=1", f"--nodes={n}", f"--ntasks={n}", *run]
+    where = [f"--nodelist={','.join(nodelist)}"] if nodelist else []
+    return ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=1", f"--nodes={n}", f"--ntasks={n}", *where, *run]
 
 
 def parse_resize_script(text: str) -> dict[str, str]:

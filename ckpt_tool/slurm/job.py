@@ -9,8 +9,9 @@ in a thread whose children never see TERM (it is blocked there, and a blocked ma
 
 Every action is one call: the event log (``supervise.run_dir.note``), a log line
 ``[ckpt job=ID restart=N HH:MM:SS] ...`` on stdout (the job's output; tests and users grep
-these words), scontrol through ``slurm.commands``, and the two steps the CLI hands in as
-``JobSteps`` (``ckpt recover`` and ``ckpt nodes``, called in this process).
+these words), scontrol through ``slurm.commands``, the two steps the CLI hands in as
+``JobSteps`` (``ckpt recover`` and ``ckpt nodes``, called in this process), and the pre-flight
+check of a node (``--node-check``: ``srun -w NODE bash -c CMD`` under a timeout, one thread a node).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ckpt_tool.core.node_ledger import CHECK_EVENT
 from ckpt_tool.slurm import chain, commands
 from ckpt_tool.slurm.chain import ChainConfig, ChainState, RunSpec
 from ckpt_tool.supervise.run_dir import note
@@ -41,11 +43,36 @@ EXCLUDE_TRIES, EXCLUDE_PAUSE_S = 40, 0.5  # ~20 s of retries, within a requeued 
 @dataclass(frozen=True)
 class JobSteps:
     """The chain's two ckpt steps, as the CLI runs them (they print what ``ckpt recover`` and
-    ``ckpt nodes`` print). ``recover(world_size, nodes) -> exit code``; ``nodes(current,
-    after_failure) -> (ACTION, KEEP, DROP, EXCLUDE)``, raising when it cannot decide."""
+    ``ckpt nodes`` print). ``recover(world_size, nodes) -> exit code``; ``nodes(current, active,
+    checked, after_failure) -> (ACTION, KEEP, DROP, EXCLUDE, ACTIVE, CHECK, REPLACED)``, raising when
+    it cannot decide."""
 
     recover: Callable[[int, int], int]
-    nodes: Callable[[list[str], bool], tuple[str, str, str, str]]
+    nodes: Callable[[list[str], list[str], list[str], bool], tuple[str, str, str, str, str, str, str]]
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """The pre-flight check of a node (``--node-check``): a shell ``command`` run on the node by
+    ``srun -w NODE``, exit 0 = healthy, killed after ``timeout_s``."""
+
+    command: str
+    timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One node's check: ``passed``, its exit status (None: timed out), the output's last line, seconds."""
+
+    node: str
+    passed: bool
+    exit_code: int | None
+    detail: str
+    seconds: float
+
+
+def _names(text: str) -> list[str]:
+    return [n for n in text.split(",") if n and n != "-"]
 
 
 def free_port() -> int:
@@ -65,9 +92,12 @@ class Job:
         max_requeues: int,
         env: MutableMapping[str, str] | None = None,
         out: TextIO | None = None,
+        node_check: NodeCheck | None = None,
+        node_check_at_start: bool = False,
     ) -> None:
         self.spec = spec
         self.steps = steps
+        self.node_check = node_check
         self.env = dict(os.environ if env is None else env)
         self.out = out or sys.stdout
         self.run_dir = Path(spec.run_dir)
@@ -79,6 +109,7 @@ class Job:
             max_requeues=max_requeues,
             min_nodes=spec.min_nodes,
             scontrol=commands.available("scontrol"),
+            node_check_at_start=node_check_at_start and node_check is not None,
         )
         self._events: queue.SimpleQueue[chain.Event] = queue.SimpleQueue()
         self._payload: subprocess.Popen[bytes] | None = None
@@ -148,12 +179,15 @@ class Job:
         elif isinstance(action, chain.AskSlurm):
             return chain.SlurmSaid(*commands.job_state_reason(self.job_id))
         elif isinstance(action, chain.AskNodes):
-            return self._ask_nodes(action.after_failure)
+            return self._ask_nodes(action.after_failure, _names(action.active), _names(action.checked))
+        elif isinstance(action, chain.CheckNodes):
+            nodes = _names(action.nodes) or self._nodes_now()
+            self._in_thread(lambda: self._check_nodes(nodes), chain.NodesChecked("-", ",".join(nodes)))
         elif isinstance(action, chain.StartRecover):
-            n = self._num_nodes()
+            n = len(_names(action.nodes)) or self._num_nodes()
             self._in_thread(lambda: chain.RecoverExited(self.steps.recover(n * self.spec.nproc_per_node, n)), chain.RecoverExited(1))
         elif isinstance(action, chain.StartRun):
-            self._start_run(action.round)
+            self._start_run(action.round, _names(action.nodes))
         elif isinstance(action, chain.Shrink):
             return self._shrink(action.keep)
         elif isinstance(action, chain.Requeue):
@@ -170,20 +204,22 @@ class Job:
         nodelist = self.env.get("SLURM_JOB_NODELIST", "")
         return commands.hostnames(nodelist) or [n for n in nodelist.split(",") if n]
 
-    def _ask_nodes(self, after_failure: bool) -> chain.Event:
+    def _ask_nodes(self, after_failure: bool, active: list[str], checked: list[str]) -> chain.Event:
         try:
-            return chain.NodesSaid(*self.steps.nodes(self._nodes_now(), after_failure))
+            return chain.NodesSaid(*self.steps.nodes(self._nodes_now(), active, checked, after_failure))
         except Exception as exc:  # noqa: BLE001 - ckpt nodes failing has its fallback in the chain
             print(f"error: ckpt nodes: {getattr(exc, 'message', exc)}", file=sys.stderr, flush=True)
             return chain.NodesSaid(None)
 
-    def _start_run(self, round_: int) -> None:
-        nodes = self._nodes_now()
+    def _start_run(self, round_: int, active: list[str]) -> None:
+        nodes = active or self._nodes_now()
         head = nodes[0] if nodes else socket.gethostname()
         endpoint = f"{commands.node_addr(head) or head}:{free_port()}"
-        n, nodelist = self._num_nodes(), self.env.get("SLURM_JOB_NODELIST", "")
-        self.log(f"round {round_}: starting ckpt run on {n} node(s) ({nodelist}), rendezvous {endpoint}")
-        argv = chain.srun_argv(self.spec, self.job_id, self.config.restart, round_, n, endpoint)
+        n, nodelist = (len(active), ",".join(active)) if active else (self._num_nodes(), self.env.get("SLURM_JOB_NODELIST", ""))
+        standby = [x for x in self._nodes_now() if x not in active] if active else []
+        spares = f"; standing by: {','.join(standby)}" if standby else ""
+        self.log(f"round {round_}: starting ckpt run on {n} node(s) ({nodelist}){spares}, rendezvous {endpoint}")
+        argv = chain.srun_argv(self.spec, self.job_id, self.config.restart, round_, n, endpoint, active)
         try:
             payload = subprocess.Popen(argv, env=self.env)
         except OSError as exc:
@@ -196,6 +232,61 @@ class Job:
             return chain.RunExited(chain.exit_status(payload.wait()))
 
         self._in_thread(wait, chain.RunExited(1))
+
+    def _check_nodes(self, nodes: list[str]) -> chain.Event:
+        """The pre-flight check on every node at once; each result is logged and recorded."""
+        results: list[CheckResult] = []
+        threads = [threading.Thread(target=lambda n=n: results.append(self._check_node(n)), daemon=True) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in sorted(results, key=lambda r: nodes.index(r.node)):
+            verdict = "passed" if r.passed else "failed"
+            self.log(
+                f"node check on {r.node}: {verdict} ({'exit ' + str(r.exit_code) if r.exit_code is not None else 'timed out'}, {r.seconds:.1f} s){': ' + r.detail if r.detail else ''}"
+            )
+            try:
+                note(
+                    self.run_dir,
+                    CHECK_EVENT,
+                    node=r.node,
+                    result=verdict,
+                    exit_code=r.exit_code,
+                    detail=r.detail,
+                    seconds=round(r.seconds, 3),
+                )
+            except OSError as exc:
+                self.log(f"cannot write the event {CHECK_EVENT} to {self.run_dir}: {exc.strerror or exc}")
+        passed = ",".join(r.node for r in results if r.passed) or "-"
+        failed = ",".join(r.node for r in results if not r.passed) or "-"
+        return chain.NodesChecked(passed, failed)
+
+    def _check_node(self, node: str) -> CheckResult:
+        """``--node-check`` on ``node`` (srun -w NODE), killed after its timeout: exit 0 passes."""
+        assert self.node_check is not None
+        argv = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "bash", "-c", self.node_check.command]
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, env={**self.env, "CKPT_CHECK_NODE": node}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            return CheckResult(node, False, 127, f"cannot start srun: {exc.strerror or exc}", 0.0)
+        try:
+            output, _ = proc.communicate(timeout=self.node_check.timeout_s)
+            code: int | None = chain.exit_status(proc.returncode)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # srun cancels the step on TERM
+            try:
+                output, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                output, _ = proc.communicate()
+            code = None
+        lines = [line.strip() for line in output.decode(errors="replace").splitlines() if line.strip()]
+        detail = lines[-1][:200] if lines else ""
+        if code is None:
+            detail = f"timed out after {self.node_check.timeout_s:g} s" + (f"; last output: {detail}" if detail else "")
+        return CheckResult(node, code == 0, code, detail, time.monotonic() - started)
 
     def _shrink(self, keep: str) -> chain.Event:
         resized = commands.shrink(self.job_id, keep)

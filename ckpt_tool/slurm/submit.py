@@ -166,9 +166,10 @@ def prepare(
     check_ckpt_dir_agrees(command, ckpt_dir)
     ckpt_dir = ckpt_dir.absolute()
     run_dir = (run_dir or ckpt_dir / RUN_DIR_NAME).absolute()
-    for key in ("time", "partition", "account", "qos", "constraint", "mem", "cpus_per_task"):
+    for key in ("time", "partition", "account", "qos", "constraint", "mem", "cpus_per_task", "spares", "node_check"):
         if options.get(key) is None:
             options[key] = config.default(key)
+    options["spares"] = options.get("spares") or 0
     if options.get("cpus_per_task") is None:
         options["cpus_per_task"] = options.get("nproc_per_node", 1)  # one `ckpt run` task per node holds all its ranks
     spec = JobSpec(

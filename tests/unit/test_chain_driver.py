@@ -27,9 +27,12 @@ FAKE = textwrap.dedent(
     with open(fake / "calls.jsonl", "a") as f:
         f.write(json.dumps([name, *sys.argv[1:]]) + "\\n")
     args = sys.argv[1:]
+    if name == "srun" and "bash" in args:  # a node check: run it here, as the node would
+        import subprocess
+        sys.exit(subprocess.run(["/bin/bash", *args[args.index("bash") + 1:]]).returncode)
     if name == "srun":
         plans = (fake / "srun_plan").read_text().split()
-        n = len([l for l in (fake / "calls.jsonl").read_text().splitlines() if json.loads(l)[0] == "srun"])
+        n = len([l for l in (fake / "calls.jsonl").read_text().splitlines() if json.loads(l)[0] == "srun" and "bash" not in l])
         plan = plans[min(n, len(plans)) - 1]
         if plan.startswith("exit"):
             sys.exit(int(plan[4:]))
@@ -145,7 +148,7 @@ def test_a_round_that_finishes_ends_the_job(fake):
     assert job.chain_events() == ["job_start", "job_finished"]
     assert dict(job.events())["job_start"] == {"job_id": "41", "restarts": "1", "nodes": "n1,n2"}
     (srun,) = job.calls("srun")
-    assert srun[:5] == ["--kill-on-bad-exit=0", "--ntasks-per-node=1", "--nodes=2", "--ntasks=2", sys.executable]
+    assert srun[:6] == ["--kill-on-bad-exit=0", "--ntasks-per-node=1", "--nodes=2", "--ntasks=2", "--nodelist=n1,n2", sys.executable]
     assert srun[srun.index("--rdzv-endpoint") + 1].startswith("127.0.0.1:") and srun[srun.index("--rdzv-id") + 1] == "41.1.0"
     assert srun[srun.index("--") + 1 :] == ["train.py", "--steps", "9"]
     out = job.output()
@@ -291,6 +294,56 @@ def test_a_failed_round_then_a_shrink_starts_the_next_round_on_fewer_nodes(fake)
     assert "--nodes=2" in first and "--nodes=1" in second
     assert second[second.index("--rdzv-id") + 1] == "41.1.1"  # round 1
     assert job.chain_events() == ["job_start", "shrunk", "job_finished"]
+
+
+def fail_round_on_n2(job: FakeSlurm) -> None:
+    """Let the gated first round fail with n2 to blame, as the watchdogs record it."""
+    job.wait_for(lambda: (job.fake / "payload_ready").exists())
+    with open(job.run_dir / "events.jsonl", "a") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in suspect_events()))
+    (job.fake / "go").touch()
+
+
+def test_a_standby_checked_healthy_takes_the_failing_nodes_slot(fake):
+    job = fake(srun_plan="gate77 exit0")
+    job.start("--min-nodes", "2", "--train-nodes", "2", "--node-check", 'echo "healthy: $CKPT_CHECK_NODE"', nodes="n1,n2,n3")
+    fail_round_on_n2(job)
+    assert job.wait() == 0
+    first, check, second = job.calls("srun")
+    assert "--nodes=2" in first and "--nodelist=n1,n2" in first
+    assert check[:4] == ["--nodes=1", "--ntasks=1", "--nodelist=n3", "--kill-on-bad-exit=1"]
+    assert "--nodes=2" in second and "--nodelist=n1,n3" in second and second[second.index("--nnodes") + 1] == "2"
+    assert ["update", "JobId=41", "NodeList=n1,n3"] in job.calls("scontrol")  # n2 given back
+    events = job.events()
+    checks = [f for e, f in events if e == "node_check"]
+    assert [(c["node"], c["result"], c["exit_code"], c["detail"]) for c in checks] == [("n3", "passed", 0, "healthy: n3")]
+    assert [f for e, f in events if e == "replaced"] == [
+        {"node": "n2", "by": "n3", "reason": "2 failures in a row, last rank 0 (local 0) crashed: RuntimeError: CUDA error"}
+    ]
+    assert [f["active"] for e, f in events if e == "nodes_active"] == ["n1,n2", "n1,n3"]
+    out = job.output()
+    assert "round 0: starting ckpt run on 2 node(s) (n1,n2); standing by: n3" in out
+    assert "checking standby n3 before it takes a slot" in out and "node check on n3: passed (exit 0" in out
+    assert "replaced n2 with n3: going on with 2 node(s) (n1,n3)" in out
+    assert job.chain_events() == ["job_start", "shrunk", "job_finished"]
+
+
+def test_a_standby_that_fails_its_check_is_left_behind_and_the_job_shrinks(fake):
+    job = fake(srun_plan="gate77 exit0")
+    job.start("--min-nodes", "1", "--train-nodes", "2", "--node-check", "echo 'PCIe link down' >&2; exit 3", nodes="n1,n2,n3")
+    fail_round_on_n2(job)
+    assert job.wait() == 0
+    first, _check, second = job.calls("srun")
+    assert "--nodes=1" in second and "--nodelist=n1" in second
+    assert ["update", "JobId=41", "NodeList=n1"] in job.calls("scontrol")
+    events = job.events()
+    assert [(f["node"], f["result"], f["exit_code"], f["detail"]) for e, f in events if e == "node_check"] == [
+        ("n3", "failed", 3, "PCIe link down")
+    ]
+    (left,) = [f for e, f in events if e == "nodes_left_behind"]
+    assert left["action"] == "shrink" and left["drop"] == ["n2", "n3"] and "node check failed (PCIe link down)" in left["reason"]
+    assert not [e for e, _ in events if e == "replaced"]
+    assert "node check on n3: failed (exit 3" in job.output()
 
 
 def test_a_failed_round_that_no_node_is_to_blame_for_is_the_trainings_failure(fake):

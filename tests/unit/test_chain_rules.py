@@ -10,11 +10,13 @@ from ckpt_tool.slurm.chain import (
     AskSlurm,
     ChainConfig,
     ChainState,
+    CheckNodes,
     Exclude,
     ExcludeDone,
     Exit,
     ForwardStop,
     Log,
+    NodesChecked,
     NodesSaid,
     Note,
     RecoverExited,
@@ -250,3 +252,49 @@ def test_the_rounds_command_line():
 def test_the_resize_script_is_read_as_its_exports():
     text = 'export SLURM_NODELIST="n1"\nexport SLURM_JOB_NODELIST="n1"\nexport SLURM_JOB_NUM_NODES=1\n# comment\necho hi\n'
     assert parse_resize_script(text) == {"SLURM_NODELIST": "n1", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1"}
+
+
+# --------------------------------------------------------------------------- hot spares
+
+SPARE_START = (Started("n[1-3]"), NodesSaid("continue", "n1,n2,n3", "-", "-", "n1,n2"), RecoverExited(0))
+
+
+def test_a_round_runs_on_the_active_nodes_and_notes_the_standbys():
+    st, actions = walk(*SPARE_START)
+    assert actions[-1] == StartRun(0, "n1,n2") and StartRecover("n1,n2") in actions
+    assert ("nodes_active", {"active": "n1,n2", "standby": "n3", "round": "0"}) in notes(actions)
+
+
+def test_a_replace_gives_the_suspect_back_and_runs_the_next_round_on_the_same_number_of_nodes():
+    replace_said = NodesSaid("replace", "n1,n3", "n2", "n2", "n1,n3", "-", "n2:n3")
+    st, actions = walk(*SPARE_START, RunExited(77), replace_said, ShrinkDone("n1,n3", "2"), RecoverExited(0))
+    assert AskNodes(after_failure=True, active="n1,n2") in actions
+    assert Shrink("n1,n3") in actions and actions[-1] == StartRun(1, "n1,n3")
+    assert "replaced n2 with n3: going on with 2 node(s) (n1,n3)" in logs(actions)
+    assert ("nodes_active", {"active": "n1,n3", "standby": "-", "round": "1"}) in notes(actions)
+
+
+def test_a_check_runs_before_the_standby_takes_a_slot_and_its_result_is_asked_about():
+    st, actions = walk(*SPARE_START, RunExited(77), NodesSaid("check", "n1,n3", "n2", "n2", "n1,n3", "n3"))
+    assert actions[-1] == CheckNodes("n3") and st.active == "n1,n2"  # the round's nodes stay until the answer
+    st, actions = walk(NodesChecked("n3", "-"), state=st)
+    assert actions[-1] == AskNodes(after_failure=True, active="n1,n2", checked="n3")
+    assert "node check: passed n3, failed -" in logs(actions)
+    # a signal while the check ran: no next round, requeue
+    st, _ = walk(*SPARE_START, RunExited(77), NodesSaid("check", "n1,n3", "n2", "n2", "n1,n3", "n3"), SignalArrived("USR1"))
+    _, actions = walk(NodesChecked("n3", "-"), state=st)
+    assert actions[-1] == Requeue()
+
+
+def test_node_check_at_start_checks_every_node_before_the_first_question():
+    cfg = ChainConfig(job_id="41", restart=0, max_requeues=3, min_nodes=2, node_check_at_start=True)
+    st, actions = walk(Started("n[1-3]"), cfg=cfg)
+    assert actions[-1] == CheckNodes() and AskNodes(after_failure=False) not in actions
+    _, actions = walk(NodesChecked("n1,n2", "n3"), cfg=cfg, state=st)
+    assert actions[-1] == AskNodes(after_failure=False, checked="n1,n2")
+
+
+def test_the_rounds_command_line_names_the_active_nodes():
+    spec = RunSpec(ckpt=("py",), ckpt_dir="/c", run_dir="/c/run", command=("t.py",), min_nodes=2)
+    argv = srun_argv(spec, "41", 0, 1, 2, "10.0.0.1:2345", ["n1", "n3"])
+    assert argv[:6] == ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=1", "--nodes=2", "--ntasks=2", "--nodelist=n1,n3"]

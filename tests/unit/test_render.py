@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tool.core.render import JobSpec, directives, render, signal_lead
-from ckpt_tool.errors import CkptError
+from ckpt_tool.errors import CkptError, ExitCode
 
 GOLDEN = Path(__file__).parent / "golden"
 TEMPLATE = (files("ckpt_tool.slurm_templates") / "train.sbatch.tmpl").read_text()
@@ -59,6 +59,7 @@ def spec(**kw) -> JobSpec:
                 "env": (("NCCL_DEBUG", "WARN"),),
             },
         ),
+        ("spares", {"nodes": 2, "spares": 1, "node_check": "dcgmi diag -r 1 && echo 'ok: $(hostname)'", "node_check_at_start": True}),
     ],
 )
 def test_rendered_script_matches_golden_file(name, kw):
@@ -195,3 +196,30 @@ def test_straggler_suspect_is_passed_to_every_nodes_ckpt_run(tmp_path):
     srun = srun_argv(run, "7", 0, 0, 2, "n1:29500")
     assert srun[srun.index("--suspect-after") : srun.index("--ckpt-dir")] == ["--suspect-after", "3", "--straggler-suspect"]
     assert "--straggler-suspect" not in render(spec(), TEMPLATE)
+
+
+def test_spares_are_allocated_beside_the_training_nodes_and_kept_out_of_the_world():
+    s = spec(nodes=2, spares=1)
+    assert s.nodes_range == "3" and s.world_size == 2
+    lines = directives(s)
+    assert "#SBATCH --nodes=3" in lines and "#SBATCH --ntasks-per-node=1" in lines and "#SBATCH --no-kill" in lines
+    assert spec(nodes=2, spares=2, min_nodes=1).nodes_range == "1-4"
+    script = render(spec(nodes=2, spares=1), TEMPLATE)
+    assert "--train-nodes 2" in script and "--node-check" not in script
+    assert "--train-nodes" not in render(spec(nodes=2), TEMPLATE)  # no spares: every node trains, as before
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"spares": -1}, "--spares must be >= 0"),
+        ({"node_check": "  "}, "is not one command line"),
+        ({"node_check": "check.sh\nrm -rf /"}, "is not one command line"),
+        ({"node_check_at_start": True}, "--node-check-at-start needs --node-check CMD"),
+        ({"node_check": "true", "node_check_timeout_s": 0}, "--node-check-timeout must be >= 1"),
+    ],
+)
+def test_bad_spare_options_are_refused_naming_the_option(kw, words):
+    with pytest.raises(CkptError) as exc:
+        spec(**kw)
+    assert words in exc.value.message and exc.value.exit_code == ExitCode.USAGE
