@@ -119,3 +119,129 @@ def test_plan_marks_no_optimum_when_no_interval_works(tmp_path):
     assert as_json["works"] is False and as_json["expected_goodput"] == 0.0
     fine = json.loads(ckpt_cli("plan", "--ckpt-seconds", "90", "--mtbf-hours", "10", "--json", cwd=tmp_path).stdout)
     assert fine["works"] is True
+
+
+# `ckpt plan --nodes`: what hot spares buy (core.spares_model), the words and numbers a user reads
+
+SPARES = ("--nodes", "8", "--spares", "1", "--node-mtbf-hours", "2000", "--job-hours", "168", "--min-nodes", "6")
+
+
+def plan_main(capsys, *args: str) -> tuple[int, str, str]:
+    """``ckpt plan ARGS`` in this process: exit code, stdout, stderr (its whitespace folded)."""
+    from ckpt_tool.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *args])
+    got = capsys.readouterr()
+    return e.value.code or 0, got.out, " ".join(got.err.split())
+
+
+def test_plan_spares_prints_both_plans_and_what_the_spare_buys(capsys):
+    from ckpt_tool.core.spares_model import compare_spares
+
+    code, text, err = plan_main(capsys, *SPARES)
+    assert code == 0, err
+    c = compare_spares(8, 1, 2000, 168, 6)
+    head, header, spare_row, none_row = text.splitlines()  # in a pipe: the headline, then the table as tab-separated lines
+    assert (
+        head.startswith(f"1 spare buys {c.wall_hours_saved:.2f} h of wall time")
+        and f"costs {c.node_hours_extra:.1%} more node-hours" in head
+    )
+    assert "better by wall time, worse by node-hours than no spares (shrink)" in head
+    assert header.split("\t") == [
+        "plan",
+        "wall_hours",
+        "goodput",
+        "node_hour_efficiency",
+        "mean_nodes_active",
+        "replacements",
+        "shrinks",
+        "requeues",
+    ]
+    assert spare_row.split("\t")[:4] == [
+        "1 spare",
+        f"{c.with_spares.wall_hours:.2f}",
+        f"{c.with_spares.goodput:.2%}",
+        f"{c.with_spares.node_hour_efficiency:.2%}",
+    ]
+    assert none_row.split("\t")[0] == "no spares (shrink)" and none_row.split("\t")[6] == f"{c.without.shrinks:.2f}"
+
+
+def test_plan_spares_json_holds_both_scenarios_as_the_model_computes_them(capsys):
+    from ckpt_tool.core.spares_model import compare_spares
+
+    code, text, err = plan_main(capsys, *SPARES, "--json")
+    assert code == 0, err
+    got = json.loads(text)
+    c = compare_spares(8, 1, 2000, 168, 6, requeue_wait_hours=1.0, restart_seconds=300.0)
+    assert got["restart_seconds"] == 300.0 and got["requeue_wait_hours"] == 1.0 and got["min_nodes"] == 6  # the defaults, said
+    assert got["expected_failures"] == pytest.approx(8 * 168 / 2000)
+    for key, scenario in (("with_spares", c.with_spares), ("no_spares", c.without)):
+        for field in ("wall_hours", "goodput", "node_hour_efficiency", "mean_nodes_active", "replacements", "shrinks", "requeues"):
+            assert got[key][field] == pytest.approx(getattr(scenario, field), abs=1e-6), (key, field)
+    assert got["with_spares"]["spares"] == 1 and got["no_spares"]["spares"] == 0
+    assert got["better_by_wall"] == "spares" and got["better_by_node_hours"] == "no spares"
+    assert got["wall_hours_saved"] == pytest.approx(c.wall_hours_saved, abs=1e-6) and c.wall_hours_saved > 0
+
+
+def test_plan_spares_without_shrink_requeues_and_takes_the_given_costs(capsys):
+    args = ("--nodes", "16", "--spares", "2", "--node-mtbf-hours", "200", "--job-hours", "100")
+    code, text, err = plan_main(capsys, *args, "--requeue-wait-hours", "6", "--restart-seconds", "0", "--json")
+    assert code == 0, err
+    got = json.loads(text)
+    assert got["min_nodes"] == 16 and got["no_spares"]["shrinks"] == 0
+    assert got["no_spares"]["requeues"] == pytest.approx(8.0) and got["no_spares"]["wall_hours"] == pytest.approx(100 + 8 * 6)
+    assert got["better_by_node_hours"] == "spares"  # 2 idle nodes cost less than the queue waits they spare
+    code, text, err = plan_main(capsys, *args, "--requeue-wait-hours", "6")
+    assert "2 spares buy " in text and "save " in text and "no spares (requeue)" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--node-mtbf-hours", "-5"), "--node-mtbf-hours must be a positive number, got -5"),
+        (("--node-mtbf-hours", "nan"), "--node-mtbf-hours must be a positive number, got nan"),
+        (("--job-hours", "0"), "--job-hours must be a positive number, got 0"),
+        (("--spares", "-1"), "--spares must be a whole number of at least 0, got -1"),
+        (("--nodes", "0"), "--nodes must be a whole number of at least 1, got 0"),
+        (("--min-nodes", "9"), "--min-nodes must be between 1 and --nodes (8), got 9"),
+        (("--min-nodes", "0"), "--min-nodes must be between 1 and --nodes (8), got 0"),
+        (("--requeue-wait-hours", "-1"), "--requeue-wait-hours must be a non-negative number, got -1"),
+        (("--restart-seconds", "-3"), "--restart-seconds must be a non-negative number, got -3"),
+        (("--node-mtbf-hours", "1e-6"), "is 1.34e+09 expected failures per job, beyond what this plan models (1e+06)"),
+    ],
+)
+def test_plan_spares_names_the_option_and_the_value_typed(capsys, args, message):
+    given = dict(zip(SPARES[::2], SPARES[1::2], strict=True))
+    given.update(zip(args[::2], args[1::2], strict=True))
+    code, text, err = plan_main(capsys, *(w for pair in given.items() for w in pair))
+    assert code == 2 and message in err and text == ""
+    assert "Traceback" not in err
+
+
+def test_plan_refuses_mixed_modes_and_says_both_ways_when_given_neither(capsys):
+    code, _, err = plan_main(capsys, *SPARES, "--ckpt-seconds", "90", "--local-covers", "0.5")
+    assert code == 2
+    assert (
+        "--ckpt-seconds, --local-covers (a checkpoint interval) and --nodes, --spares, --node-mtbf-hours, --job-hours, --min-nodes (what spares buy)"
+        in err
+    )
+    both = "give --ckpt-seconds with --mtbf-hours (interval), or --nodes with --node-mtbf-hours and --job-hours (spares)"
+    assert both in err
+    for nothing in ((), ("--json",), ("--restart-seconds", "30")):
+        code, text, err = plan_main(capsys, *nothing)
+        assert code == 2 and both in err and text == "", nothing
+    code, _, err = plan_main(capsys, "--nodes", "8", "--spares", "2")
+    assert code == 2 and "needs --nodes, --node-mtbf-hours and --job-hours: --node-mtbf-hours, --job-hours missing" in err
+    code, _, err = plan_main(capsys, "--mtbf-hours", "10")  # the interval mode still names its own missing option
+    assert code == 2 and "missing option --ckpt-seconds (with --mtbf-hours)" in err
+
+
+def test_plan_interval_mode_is_unchanged_by_the_spares_options(capsys):
+    code, text, err = plan_main(capsys, "--ckpt-seconds", "90", "--mtbf-hours", "10", "--json")
+    assert code == 0, err
+    assert json.loads(text)["interval_seconds"] == pytest.approx(plan_interval(90, 36000).interval_s, abs=1e-3)  # restart 0 by default
+    code, text, err = plan_main(capsys, "--ckpt-seconds", "90", "--mtbf-hours", "10", "--restart-seconds", "300", "--json")
+    assert json.loads(text)["expected_goodput"] == pytest.approx(plan_interval(90, 36000, 300).goodput, abs=1e-6)
+    code, _, err = plan_main(capsys, "--ckpt-seconds", "90", "--gpus", "5")
+    assert code == 2 and "give either --mtbf-hours, or --gpus with --gpu-mtbf-hours" in err
