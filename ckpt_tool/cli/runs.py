@@ -110,12 +110,26 @@ def status(
         out.print(f"run directory: {escape(report['found'])}")
     if report["final"]:
         out.print(f"final state: [bold]{report['final']}[/]")
+    _print_roster(report["health"])
     _print_health(report["health"])
     _print_ranks(report["ranks"])
     for e in report["last_events"]:
         out.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {escape(_details(e, e['event'] + ' '))}")
     for text in notes:
         err.print(f"[yellow]note:[/] {escape(text)}")
+
+
+def _print_roster(health: dict[str, Any]) -> None:
+    """Which nodes train, which stand by (hot spares), which a standby replaced and which were left
+    behind: printed when the job has standbys or has left a node behind (a plain job: nothing)."""
+    if not (health["standby"] or health["replaced"] or health["left_behind"]):
+        return
+    out.print(
+        f"nodes: active {escape(','.join(health['active']) or '-')}  standby {escape(','.join(health['standby']) or '-')}"
+        f"  left behind {escape(','.join(health['left_behind']) or '-')}"
+    )
+    for r in health["replaced"]:
+        out.print(f"  replaced {escape(r['node'])} with {escape(r['by'])} ({escape(r['reason'])})")
 
 
 def _print_health(health: dict[str, Any]) -> None:
@@ -246,6 +260,7 @@ def history(
         "round_ended": "red",
         "nodes_left_behind": "red",
         "shrunk": "yellow",
+        "replaced": "yellow",
         "straggler": "yellow",
         "gpu_idle": "yellow",
         "gpu_error": "red",

@@ -31,10 +31,11 @@ MARKS: Mapping[str, tuple[str, str]] = {
     "rollback": ("rollback", "rolled back to {step}"),
     "quarantine": ("rollback", "step {step} quarantined"),
     "nodes_left_behind": ("shrink", "left {drop} behind"),
+    "replaced": ("replace", "replaced {node} with {by}"),
     "straggler": ("straggler", "straggler: rank {rank}"),
     "gpu_error": ("failure", "GPU error: rank {rank}"),
 }
-KINDS = ("checkpoint", "failure", "requeue", "rollback", "shrink", "straggler")
+KINDS = ("checkpoint", "failure", "requeue", "rollback", "shrink", "replace", "straggler")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def story(timeline: Sequence[Mapping[str, Any]], metrics: Sequence[tuple[int, fl
         name, when = e.get("event"), e.get("time")
         if name not in MARKS or not isinstance(when, (int, float)):
             continue
+        if name == "nodes_left_behind" and e.get("action") == "replace":
+            continue  # each slot's `replaced` is marked: the job kept its size
         at = e.get("checkpoint") if name == "nodes_left_behind" else e.get("step")  # a shrink resumes from its checkpoint
         step = at if isinstance(at, int) and not isinstance(at, bool) else None
         if name == "commit" and step is not None:
@@ -173,6 +176,25 @@ def say(key: str, value: Any) -> str:
     return str(value)
 
 
-def details(e: Mapping[str, Any], skip: tuple[str, ...] = ("time", "event", "source", "argv", "run_id")) -> str:
-    """An event's fields but its name and time, ``key=value`` as ``say`` writes them."""
-    return " ".join(f"{k}={say(k, v)}" for k, v in e.items() if k not in skip)
+# event -> (its sentence, the fields the sentence says): ``details`` leads with it
+SENTENCES: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "replaced": ("replaced {node} with {by} ({reason})", ("node", "by", "reason")),
+    "node_check": (
+        "node check on {node}: {result} (exit {exit_code}, {seconds} s): {detail}",
+        ("node", "result", "exit_code", "seconds", "detail"),
+    ),
+}
+
+SKIPPED_FIELDS = ("time", "event", "source", "argv", "run_id")
+
+
+def details(e: Mapping[str, Any], skip: tuple[str, ...] = SKIPPED_FIELDS) -> str:
+    """An event's fields but its name and time, ``key=value`` as ``say`` writes them; an event
+    with a sentence of its own (``SENTENCES``: ``replaced n2 with n3 (why)``) leads with it."""
+    lead = ""
+    said = SENTENCES.get(str(e.get("event")))
+    if said is not None and all(k in e for k in said[1]):
+        lead = said[0].format(**{k: say(k, e[k]) for k in said[1]})
+        skip = (*skip, *said[1])
+    rest = " ".join(f"{k}={say(k, v)}" for k, v in e.items() if k not in skip)
+    return f"{lead} {rest}".strip() if lead else rest

@@ -18,6 +18,7 @@ COLORS = {
     "requeue": "#ff7f0e",
     "rollback": "#9467bd",
     "shrink": "#8c564b",
+    "replace": "#17becf",
     "straggler": "#bcbd22",
 }
 

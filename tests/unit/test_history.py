@@ -42,3 +42,18 @@ def test_metrics_give_the_curve_and_garbage_events_are_ignored():
     assert s.loss_source == "metrics" and s.loss == ((1, 2.0), (2, 1.0))
     assert s.marks[-1].kind == "straggler" and s.marks[-1].step == 10 and s.marks[-1].label == "straggler: rank 2"
     assert story([]).loss == () and story([]).marks == ()
+
+
+def test_a_replace_is_marked_as_a_replace_not_a_shrink():
+    """`ckpt nodes` logs nodes_left_behind (action replace) and one `replaced` per slot: the picture
+    marks the replacement, since the job kept its size."""
+    timeline = [
+        ev("commit", 1.0, step=5, probe_loss=5.5),
+        ev("nodes_left_behind", 2.0, action="replace", drop=["n2"], keep=["n1", "n3"], reason="x", checkpoint=5),
+        ev("replaced", 2.0, node="n2", by="n3", reason="2 failures in a row"),
+        ev("nodes_left_behind", 3.0, action="shrink", drop=["n3"], keep=["n1"], reason="x", checkpoint=5),
+    ]
+    assert [(m.step, m.kind, m.label) for m in story(timeline).marks if m.kind != "checkpoint"] == [
+        (5, "replace", "replaced n2 with n3"),
+        (5, "shrink", "left n3 behind"),
+    ]

@@ -135,3 +135,46 @@ def test_history_on_a_terminal_wraps_the_reason_instead_of_cutting_it(tmp_path):
     for word in REASON.split():
         assert word in text  # every word of the reason is there, wrapped over lines
     assert "error 700" in text
+
+
+def test_status_and_history_say_which_standby_replaced_which_node_and_why(tmp_path):
+    """A job with a hot spare that replaced n2: `ckpt status` names the active nodes, the standbys
+    left and who replaced whom; `ckpt history` says it in a sentence, and a failed node check with its exit."""
+    run = tmp_path / "ckpt" / "run"
+    run.mkdir(parents=True)
+    why = "2 failures in a row (last: rank 1 exited with SIGKILL)"
+    lines = [
+        {"event": "nodes_active", "time": NOW - 60, "active": "n1,n2", "standby": "n3", "round": "1"},
+        {
+            "event": "node_check",
+            "time": NOW - 50,
+            "node": "n3",
+            "result": "failed",
+            "exit_code": 3,
+            "detail": "dcgmi: PCIe error",
+            "seconds": 0.4,
+        },
+        {
+            "event": "nodes_left_behind",
+            "time": NOW - 40,
+            "action": "replace",
+            "drop": ["n2"],
+            "keep": ["n1", "n3"],
+            "reason": why,
+            "checkpoint": 5,
+        },
+        {"event": "replaced", "time": NOW - 40, "node": "n2", "by": "n3", "reason": why},
+        {"event": "nodes_active", "time": NOW - 30, "active": "n1,n3", "standby": "-", "round": "2"},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    status = ckpt_cli("status", run, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert "nodes: active n1,n3  standby -  left behind n2" in status.stdout, status.stdout
+    assert f"replaced n2 with n3 ({why})" in status.stdout, status.stdout
+    shown = json.loads(ckpt_cli("status", run, "--json", cwd=tmp_path).stdout)["health"]
+    assert shown["active"] == ["n1", "n3"] and shown["replaced"] == [{"node": "n2", "by": "n3", "reason": why}]
+    history = ckpt_cli("history", run, cwd=tmp_path)
+    assert history.returncode == 0, history.stderr
+    flat = " ".join(history.stdout.split())  # a pipe: never cut, but a long line may wrap
+    assert f"replaced n2 with n3 ({why})" in flat, history.stdout
+    assert "node check on n3: failed (exit 3, 0.4 s): dcgmi: PCIe error" in flat, history.stdout
