@@ -31,7 +31,9 @@ def nodes(
     node_check: bool = typer.Option(False, "--node-check", help="A standby must pass its pre-flight check before it takes a slot."),
     checked: str = typer.Option("-", "--checked", help="Standbys whose pre-flight check passed for this decision."),
     for_script: bool = typer.Option(
-        False, "--for-script", help="One line: ACTION KEEP DROP EXCLUDE ACTIVE CHECK REPLACED (comma lists, - for none)."
+        False,
+        "--for-script",
+        help="One line: ACTION KEEP DROP EXCLUDE (comma lists, - for none); with --train-nodes also ACTIVE CHECK REPLACED.",
     ),
     as_json: bool = JsonTextOpt,
 ) -> None:
@@ -49,7 +51,8 @@ def nodes(
         ckpt_dir, run_dir_for(run_dir, ckpt_dir), node_names(current) or [current], min_nodes, after_failure, suspect_after, roster
     )
     if for_script:
-        print(" ".join(plan.script_fields()))
+        fields = plan.script_fields()
+        print(" ".join(fields if train_nodes is not None else fields[:4]))  # scripts queued before spares read four
         err.print(f"ckpt nodes: {plan.action}: {escape(plan.reason)}")
     elif as_json:
         print_json(plan.to_json())

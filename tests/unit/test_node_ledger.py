@@ -302,3 +302,29 @@ def test_a_standby_is_checked_before_it_takes_a_slot_and_one_that_fails_is_left_
     assert plan_nodes(NODES, ledger, 2, 10, after_failure=True, roster=roster).action == "requeue"
     ok = {"event": CHECK_EVENT, "node": "n3", "result": "passed", "exit_code": 0, "time": 4.0}
     assert fold_health([*two_active("n1"), ok]).record("n3").flagged is None
+
+
+def test_for_script_prints_four_fields_to_scripts_that_know_no_spares_and_seven_with_train_nodes(tmp_path):
+    """A batch script queued before spares reads `read -r ACTION KEEP DROP EXCLUDE`: it must get
+    four fields, or EXCLUDE would swallow the rest; `--train-nodes` asks for the hot-spare fields."""
+    import json
+    import subprocess
+    import sys
+
+    run = tmp_path / "ckpt" / "run"
+    run.mkdir(parents=True)
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in two_active("n2")))
+    base = [sys.executable, "-m", "ckpt_tool.cli.main", "nodes", str(tmp_path / "ckpt"), "--nodes", "n1,n2,n3", "--after-failure"]
+    old = subprocess.run([*base, "--for-script"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert old.returncode == 0, old.stderr
+    assert old.stdout.split() == ["shrink", "n1,n3", "n2", "n2"] and "ckpt nodes: shrink" in old.stderr
+    read = subprocess.run(
+        ["bash", "-c", 'read -r ACTION KEEP DROP EXCLUDE <<<"$1"; echo "$EXCLUDE"', "-", old.stdout], capture_output=True, text=True
+    )
+    assert read.stdout.strip() == "n2"
+    (run / "events.jsonl").write_text(  # the same run before that decision was recorded
+        "".join(json.dumps(e) + "\n" for e in two_active("n2"))
+    )
+    new = subprocess.run([*base, "--for-script", "--train-nodes", "2"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert new.returncode == 0, new.stderr
+    assert new.stdout.split() == ["replace", "n1,n3", "n2", "n2", "n1,n3", "-", "n2:n3"], new.stdout
