@@ -49,14 +49,30 @@ def decide_nodes(
     ledger = fold_health(events)
     plan = plan_nodes(tuple(current), ledger, min_nodes, newest, after_failure, suspect_after, finished, roster)
     if plan.drop and plan.action != "check":
-        records = [
-            note(
-                run_dir, LEAVE_EVENT, action=plan.action, drop=list(plan.drop), keep=list(plan.keep), reason=plan.reason, checkpoint=newest
-            )
-        ]
-        records += [
-            note(run_dir, REPLACED_EVENT, node=n, by=by, reason=ledger.record(n).why() if n in plan.drop else "gone from the allocation")
-            for n, by in plan.replaced
-        ]
-        round_end.write_ledger(run_dir, fold_health([*events, *records]), suspect_after)
+        try:
+            records = [
+                note(
+                    run_dir,
+                    LEAVE_EVENT,
+                    action=plan.action,
+                    drop=list(plan.drop),
+                    keep=list(plan.keep),
+                    reason=plan.reason,
+                    checkpoint=newest,
+                )
+            ]
+            records += [
+                note(
+                    run_dir, REPLACED_EVENT, node=n, by=by, reason=ledger.record(n).why() if n in plan.drop else "gone from the allocation"
+                )
+                for n, by in plan.replaced
+            ]
+            round_end.write_ledger(run_dir, fold_health([*events, *records]), suspect_after)
+        except OSError as exc:
+            raise CkptError(
+                f"cannot record the decision ({plan.action}: {plan.reason}) in {run_dir}: {exc.strerror or exc}",
+                "a decision to leave nodes behind counts once it is recorded (the next ones read it back): run ckpt nodes on a "
+                f"run directory you can write (--run-dir); to only look at the node ledger: ckpt status {run_dir}",
+                ExitCode.USAGE,
+            ) from None
     return plan

@@ -204,6 +204,33 @@ def test_checks_work_on_a_read_only_directory_and_change_nothing(read_only_copy,
     assert snapshot(read_only_copy) == before
 
 
+def test_ckpt_nodes_on_a_read_only_run_directory_says_it_cannot_record_its_decision(tmp_path, capsys):
+    """Leaving a node behind is a decision the next ones read back: unrecorded, it is refused in
+    words (the cause, the path, where to look instead), not a traceback; nothing changes."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    src = tmp_path / "src"
+    (src / "run").mkdir(parents=True)
+    crash = {"event": "rank_exited", "node": "n2", "round": "r", "cause": "crashed", "rank": 1, "local_rank": 0, "reason": "CUDA error"}
+    peer = {"event": "rank_exited", "node": "n1", "round": "r", "cause": "peer_failure", "rank": 0, "local_rank": 0}
+    events = [{"event": "start", "node": n, "round": "r", "attempt": 0, "time": 0.0} for n in ("n1", "n2")]
+    events += [{**e, "attempt": a, "time": 1.0 + a} for a in range(2) for e in (crash, peer)]
+    (src / "run" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "--bind", str(src), str(ro)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
+        before = snapshot(ro)
+        code, out, err = cli(capsys, "nodes", ro, "--nodes", "n1,n2,n3", "--train-nodes", "2", "--after-failure")
+        assert code == 2 and out == "" and "Traceback" not in err, err
+        assert "cannot record the decision (replace: replacing n2 with n3" in err and "Read-only file system" in err, err
+        assert f"ckpt status {ro / 'run'}" in " ".join(err.split()), err
+        assert snapshot(ro) == before
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+
+
 def test_dry_runs_change_nothing_on_disk(ckpt, capsys):
     before = snapshot(ckpt)
     for args in (
