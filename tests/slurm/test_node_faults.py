@@ -5,7 +5,7 @@ into every start (a lasting hardware fault). The job, submitted with ``--nodes 3
 must leave that node behind (scontrol update NodeList), resume on two nodes with the same global
 batch, and train the same losses as an uninterrupted three-rank run; a requeue while shrunk must
 keep the job off that node (ExcNodeList); a fault that moves between nodes or a bug that fails
-everywhere must not cost a healthy node.
+everywhere must not cost a healthy node (nor, with a hot spare, use the standby).
 """
 
 from __future__ import annotations
@@ -123,15 +123,19 @@ def test_a_fault_that_moves_between_nodes_costs_no_node(slurm, reference_3, tmp_
     assert comparison.identical and comparison.steps_compared == STEPS, comparison.mismatches[:3]
 
 
-def test_a_bug_that_fails_everywhere_stops_the_job_without_leaving_nodes_behind(slurm, tmp_path, cancel_jobs):
-    job = Job(tmp_path, "--bug-at-step", "12", *BATCH, submit_opts=THREE_NODES, steps=STEPS)
+def test_a_bug_that_fails_everywhere_stops_the_job_without_leaving_nodes_behind_or_using_the_spare(slurm, tmp_path, cancel_jobs):
+    """With a hot spare (n3 stands by): a bug fails every rank, so nobody is replaced, the standby
+    never runs a rank, and the crash-loop breaker stops the job."""
+    spare = ("--nodes", "2", "--spares", "1", "--min-nodes", "1", "--nproc-per-node", "1", "--env", "OMP_NUM_THREADS=1")
+    job = Job(tmp_path, "--bug-at-step", "12", *BATCH, submit_opts=spare, steps=STEPS)
     cancel_jobs.append(job)
     job.wait_done(timeout=420)
     out = job.output()
     assert "crash loop" in json.dumps(events(job)) and "not a node's fault" in out, out[-4000:]
-    assert "the failure is not one node's" in out
+    assert "the failure is not one node's" in out and "standing by: n3" in out
     log = events(job)
-    assert not [e for e in log if e["event"] in ("nodes_left_behind", "shrunk", "requeue")]
+    assert not [e for e in log if e["event"] in ("nodes_left_behind", "replaced", "shrunk", "requeue")]
+    assert {e["node"] for e in log if e["event"] == "start"} == {"n1", "n2"}  # the spare untouched
     assert [e["exit_code"] for e in log if e["event"] == "job_failed"] == ["76"]
     ledger = fold_health(log)
     assert ledger.attributed == 0 and ledger.unattributed >= 2 and not ledger.suspects()
