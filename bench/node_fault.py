@@ -50,10 +50,14 @@ FAULT_ARGS = ("--fail-on-node", "n3", "--fail-after-steps", "7")
 SUBMIT_OPTS = ("--nodes", "3", "--min-nodes", "2", "--nproc-per-node", "1", "--env", "OMP_NUM_THREADS=1", "--time", "20:00")
 
 
-def run_job(root: Path, faulty: bool) -> dict[str, Any]:
+def run_job(
+    root: Path, faulty: bool, submit_opts: tuple[str, ...] = SUBMIT_OPTS, fault_args: tuple[str, ...] = FAULT_ARGS
+) -> dict[str, Any]:
+    """One real job of the recipe (``submit_opts`` to ckpt submit, ``fault_args`` when ``faulty``),
+    waited for: its events, and the steps it trained (re-run ones included) and the distinct ones."""
     ckpt, metrics = root / "ckpt", root / "metrics.jsonl"
-    args = ("--ckpt-dir", str(ckpt), "--metrics", str(metrics), *RECIPE_ARGS, *(FAULT_ARGS if faulty else ()))
-    proc = subprocess.run(ckpt_submit_command(ckpt, args, SUBMIT_OPTS), capture_output=True, text=True, timeout=60)
+    args = ("--ckpt-dir", str(ckpt), "--metrics", str(metrics), *RECIPE_ARGS, *(fault_args if faulty else ()))
+    proc = subprocess.run(ckpt_submit_command(ckpt, args, submit_opts), capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise RuntimeError(f"ckpt submit failed: {proc.stderr[-1500:]}")
     job_id = proc.stdout.split()[0]
@@ -77,12 +81,14 @@ def first(events: list[dict], after: float, event: str, **match: Any) -> float:
     raise RuntimeError(f"no {event} {match} after {after}")
 
 
-def analyse(faulty: dict[str, Any], clean: dict[str, Any]) -> dict[str, float]:
+def analyse(faulty: dict[str, Any], clean: dict[str, Any], node: str = "n3") -> dict[str, float]:
+    """The segments from the first failure on ``node`` to the first resumed step on the nodes the
+    job went on with (after a shrink or a replacement: both give ``node`` back with scontrol), and the goodput."""
     ev = faulty["events"]
     t = {"start": first(ev, 0, "job_start")}
-    t["fail1"] = first(ev, 0, "rank_exited", node="n3", cause="crashed")
-    t["restart"] = first(ev, t["fail1"], "restarted", node="n3")
-    t["fail2"] = first(ev, t["restart"], "rank_exited", node="n3", cause="crashed")
+    t["fail1"] = first(ev, 0, "rank_exited", node=node, cause="crashed")
+    t["restart"] = first(ev, t["fail1"], "restarted", node=node)
+    t["fail2"] = first(ev, t["restart"], "rank_exited", node=node, cause="crashed")
     t["round_ended"] = first(ev, t["fail2"], "round_ended")
     t["decided"] = first(ev, t["round_ended"], "nodes_left_behind")
     t["shrunk"] = first(ev, t["decided"], "shrunk")

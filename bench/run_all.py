@@ -41,6 +41,7 @@ SCRIPTS = (
     "recovery_model",
     "local_tier",
     "stragglers",
+    "hot_spares",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {
@@ -51,6 +52,7 @@ TIMEOUTS_S = {
     "tensor_parallel": 900,
     "local_tier": 900,
     "stragglers": 1200,
+    "hot_spares": 900,
 }  # several torchrun launches, failures and recoveries (~6 min)
 
 
