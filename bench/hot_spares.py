@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import common
 from common import Result, Row, Stats
-from node_fault import RECIPE_ARGS, STEPS, analyse, first, run_job
+from node_fault import STEPS, analyse, first, run_job
 from requeue_chain import cluster_down_if_idle, cluster_up
 
 BASE = ("--nproc-per-node", "1", "--env", "OMP_NUM_THREADS=1", "--time", "20:00")
@@ -34,7 +34,6 @@ JOBS = {
     "spare": ("--nodes", "2", "--spares", "1", "--min-nodes", "2", *BASE),
     "shrink": ("--nodes", "2", "--min-nodes", "1", *BASE),
 }
-assert "--steps" in RECIPE_ARGS
 
 
 def rate_after(job: dict) -> float:
@@ -133,7 +132,7 @@ def main() -> None:
                     f"goodput spare {s['spare: goodput']:.3f}, shrink {s['shrink: goodput']:.3f}"
                 )
     finally:
-        cluster_note = "was already running; left running" if was_running else cluster_down_if_idle()
+        cluster_note = cluster_down_if_idle(was_running)
     report(samples, cluster_note).emit()
 
 

@@ -168,7 +168,7 @@ def main() -> None:
                     f"start {sample['start']:.2f}, load {sample['load']:.2f}); goodput {sample['goodput']:.3f}"
                 )
     finally:
-        cluster_note = "was already running; left running" if was_running else cluster_down_if_idle()
+        cluster_note = cluster_down_if_idle(was_running)
     report(samples, cluster_note).emit()
 
 

@@ -93,7 +93,11 @@ def cluster_up() -> bool:
     return False
 
 
-def cluster_down_if_idle() -> str:
+def cluster_down_if_idle(was_running: bool = False) -> str:
+    """Stop the test cluster if this script started it (``was_running`` False) and no job is
+    queued; returns what became of it, for the figure's notes."""
+    if was_running:
+        return "was already running; left running"
     queued = sh("squeue", "-h", "-o", "%i").stdout.split()
     if queued:
         return f"left running: started by this script, but jobs {', '.join(queued)} are queued"
@@ -573,7 +577,7 @@ def main() -> None:
                     f"job_start->first new step {t['first_new_metrics_line'] - t['job_start']:.2f} s"
                 )
     finally:
-        cluster_note = "was already running; left running" if was_running else cluster_down_if_idle()
+        cluster_note = cluster_down_if_idle(was_running)
     report(trials, cluster_note).emit()
 
 
