@@ -65,6 +65,7 @@ app.command("free-port", hidden=True, cls=Command)(jobs.free_port)
 app.command("nodes", cls=Command)(nodes.nodes)
 app.command("status", cls=Command)(runs.status)
 app.command("history", cls=Command)(runs.history)
+app.command("stacks", cls=Command)(runs.stacks)
 app.command("plan", cls=Command)(plan.plan)
 
 

@@ -92,6 +92,10 @@ def status(
     report["ranks"] = read_rank_health(run_dir)
     finals = [e["event"] for e in events if e["event"] in FINAL_EVENTS]
     report["final"] = finals[-1] if finals else None
+    hangs = [e for e in events if e["event"] == "hang_report"]
+    report["last_hang"] = (
+        {k: hangs[-1].get(k) for k in ("time", "summary", "culprits", "culprit_nodes", "attributed", "stacks")} if hangs else None
+    )
     report["last_events"] = events[-8:]
     report["notes"] = notes
     if as_json:
@@ -110,6 +114,11 @@ def status(
         out.print(f"run directory: {escape(report['found'])}")
     if report["final"]:
         out.print(f"final state: [bold]{report['final']}[/]")
+    if report["last_hang"]:
+        h = report["last_hang"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["time"]))
+        out.print(f"last hang ({when}): {escape(str(h['summary']))}")
+        out.print(f"  stacks: {escape(str(h['stacks']))}  (every rank's; `ckpt stacks {escape(str(run_dir))}` asks a live job again)")
     _print_roster(report["health"])
     _print_health(report["health"])
     _print_ranks(report["ranks"])
@@ -287,3 +296,75 @@ def history(
     )
     for text in notes:
         err.print(f"[yellow]note:[/] {escape(text)}")
+
+
+def stacks(
+    target: str = typer.Argument(..., metavar="TARGET", help="A job id, a checkpoint directory or a run directory.", show_default=False),
+    wait: float = typer.Option(10.0, "--wait", min=1.0, help="Seconds to wait for the ranks' answers."),
+    as_json: bool = JsonTextOpt,
+) -> None:
+    """Every rank's Python stacks (all threads) from a live job under `ckpt run`, and who looks stuck.
+
+    Each node's watchdog writes its ranks' stacks into RUN_DIR/hangs/<id>/rank_R.txt (a rank blocked
+    in a collective answers too; a frozen one is read with py-spy when installed); the training goes on.
+    """
+    from ckpt_tool.core.hang_report import analyse, moving, parse_rank_file
+    from ckpt_tool.supervise.run_dir import read_ranks, write_hang_report
+    from ckpt_tool.supervise.stacks import request
+
+    run_dir, _, _, notes = _job_or_dir(target)
+    if not (run_dir / EVENTS_NAME).exists():
+        raise CkptError(
+            f"{run_dir} has no events.jsonl: no job ran under `ckpt run` there",
+            "pass the --ckpt-dir of a run started with ckpt run or ckpt submit",
+            ExitCode.NOT_FOUND,
+        )
+    expected = len(read_ranks(run_dir))
+    try:
+        hang_dir, texts = request(run_dir, expected, wait)
+    except OSError as exc:
+        raise CkptError(
+            f"cannot write the request for stacks into {run_dir}: {exc.strerror or exc}",
+            "run ckpt stacks as the job's user, where the run directory is writable (the watchdogs read the request there)",
+            ExitCode.USAGE,
+        ) from None
+    if not texts:
+        raise CkptError(
+            f"no rank answered in {wait:g} s",
+            f"is the job running under `ckpt run`? `ckpt status {run_dir}` shows its state; a rank frozen (SIGSTOP) answers only to "
+            "py-spy on its node (pip install ckpt-tool[stacks])",
+            ExitCode.NOT_FOUND,
+        )
+    ranks = [r for r in map(parse_rank_file, texts) if r is not None]
+    report = analyse(ranks, max(expected, len(ranks)) or None)
+    data = {**report.to_json(), "stacks": str(hang_dir), "requested": True, "moving": moving(ranks) is not None}
+    write_hang_report(hang_dir, data)
+    if as_json:
+        print_json(data)
+        return
+    for text in notes:
+        err.print(f"[yellow]note:[/] {escape(text)}")
+    print_table(
+        [Column("rank"), Column("node"), Column("step"), Column("phase"), Column("where"), Column("waiting in"), Column("answered")],
+        [
+            (
+                v.rank,
+                v.node,
+                v.step if v.step is not None else "-",
+                v.phase,
+                shorten(v.where + (f"  {v.code}" if v.code else ""), 80),
+                v.waiting_in or "-",
+                v.answered or f"no: {v.note}",
+            )
+            for v in report.verdicts
+        ],  # fmt: skip
+        title=f"stacks of {len(ranks)} rank(s)" + (f" (missing: {', '.join(map(str, report.missing))})" if report.missing else ""),
+    )
+    quiet = moving(ranks)
+    if quiet is not None:
+        out.print(f"moving: every rank beat in the last {quiet:.1f} s (a snapshot; nobody is stuck)")
+    elif report.attributed:
+        out.print(f"the others wait for: {escape(report.summary())}")
+    else:
+        out.print(f"nobody stands out: {escape(report.reason)}")
+    out.print(f"stacks: {escape(str(hang_dir))}")

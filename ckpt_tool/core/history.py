@@ -27,6 +27,7 @@ MARKS: Mapping[str, tuple[str, str]] = {
     "commit": ("checkpoint", "checkpoint"),
     "rank_exited": ("failure", "rank {rank} failed"),
     "hang": ("failure", "hang: rank {rank}"),
+    "hang_report": ("failure", "hang: unattributed"),  # only when no culprit stands out (else the culprit's `hang`)
     "requeue": ("requeue", "requeued"),  # the batch script's, once (each node's ckpt run logs its own stop)
     "rollback": ("rollback", "rolled back to {step}"),
     "quarantine": ("rollback", "step {step} quarantined"),
@@ -93,7 +94,9 @@ def story(timeline: Sequence[Mapping[str, Any]], metrics: Sequence[tuple[int, fl
                 loss.append((step, float(e["probe_loss"])))
         if name == "rank_exited" and e.get("cause") in ("peer_failure", "terminated"):
             continue  # victims of a peer's failure: the culprit is marked
-        if name in ("rank_exited", "hang"):
+        if (name == "hang" and not e.get("culprit")) or (name == "hang_report" and e.get("attributed")):
+            continue  # a hang's victims; an attributed report (its culprit's hang is marked)
+        if name in ("rank_exited", "hang", "hang_report"):
             key = (e.get("round"), e.get("attempt"), e.get("node"))
             if key in failures_seen:
                 continue  # one mark per failure on a node, not one per rank
@@ -178,6 +181,7 @@ def say(key: str, value: Any) -> str:
 
 # event -> (its sentence, the fields the sentence says): ``details`` leads with it
 SENTENCES: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "hang_report": ("{summary} (stacks: {stacks})", ("summary", "stacks")),
     "replaced": ("replaced {node} with {by} ({reason})", ("node", "by", "reason")),
     "node_check": (
         "node check on {node}: {result} (exit {exit_code}, {seconds} s): {detail}",

@@ -33,6 +33,9 @@ ROUND_END_NAME = "round_end.json"
 TIMEOUTS_NAME = "timeouts.json"
 RANKS_PATTERN = "ranks.{node}.json"
 RANK_HEALTH_PATTERN = "rank_health.{node}.json"
+STACKS_REQUEST_NAME = "stacks_request.json"
+HANGS_DIR = "hangs"
+HANG_REPORT_NAME = "report.json"  # in hangs/<id>/, beside each rank's rank_R.txt
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,11 @@ FILES: tuple[RunFile, ...] = (
             "the pid of each rank of the node's current attempt"),
     RunFile(RANK_HEALTH_PATTERN, 1, "ckpt run (each node its own, every 2 s)", "ckpt status, ckpt plan",
             "each rank's straggler score, step time and GPU use"),
+    RunFile(STACKS_REQUEST_NAME, 1, "ckpt run (the node that finds a hang), ckpt stacks", "every node's ckpt run",
+            "asks every node's watchdog for its ranks' stacks: the hangs/ directory they go to, the round (or any)"),
+    RunFile(f"{HANGS_DIR}/<id>/", 1, "ckpt run (each node its ranks' rank_R.txt; report.json), ckpt stacks", "ckpt status, ckpt history, people",
+            "one hang or request: each rank's Python stacks (all threads) and report.json, the culprit and the victims"),
+    RunFile(HANG_REPORT_NAME, 1, "ckpt run, ckpt stacks", "ckpt status, ckpt stacks", "in hangs/<id>/: the culprit(s), the victims, every rank's verdict"),
 )  # fmt: skip
 _FILE_BY_NAME = {f.name: f for f in FILES}
 
@@ -130,8 +138,12 @@ RUN_EVENTS: tuple[EventSpec, ...] = (
     EventSpec("restarted", (*RUN, "torchrun_restart_count"), _W, "torchrun restarted the group of ranks (a new attempt)"),
     EventSpec("rank_exited", (*RUN, "rank", "local_rank", "pid", "step", "phase", "cause", "reason", "note"), _W,
               "a rank failed: cause crashed, killed, hung, peer_failure (a victim) or terminated"),
-    EventSpec("hang", (*RUN, "rank", "local_rank", "pid", "step", "phase", "silent_s", "timeout_s", "culprit"), _W,
-              "a rank was silent past its phase's timeout (culprit: the first one)"),
+    EventSpec("hang", (*RUN, "rank", "local_rank", "pid", "step", "phase", "silent_s", "timeout_s", "culprit", "where", "waiting_in"), _W,
+              "a rank was silent past its phase's timeout (culprit: the hang report's, from the stacks; where, waiting_in)"),
+    EventSpec("hang_report", (*RUN, "summary", "culprits", "culprit_nodes", "victims", "attributed", "reason", "stacks", "stacks_s"), _W,
+              "who hung the job and where (core.hang_report), the ranks' stacks written to `stacks` in `stacks_s` s, before the kill"),
+    EventSpec("stacks_written", (*RUN, "ranks", "stacks", "stacks_s", "requested_by"), _W,
+              "this node's ranks' stacks, written on another node's or `ckpt stacks`'s request"),
     EventSpec("killed_ranks", (*RUN, "pids", "teardown_s"), _W, "the ranks of a hung attempt were killed"),
     EventSpec("failure_counted", (*RUN, "in_a_row_without_progress", "limit", "newest_checkpoint"), _W,
               "a failure without a new checkpoint, counted toward the crash loop"),

@@ -1,5 +1,5 @@
 """Fault injection of the reference recipe: power cuts, lasting node faults, bugs, data stalls,
-stragglers.
+hangs, stragglers.
 
 Each fault is real where it lands (a SIGKILL, an exception on every rank of a node, a sleeping
 data loader); markers in the checkpoint directory make a one-time fault happen once across
@@ -61,6 +61,18 @@ def stall_once(ckpt_dir: Path, step: int, seconds: float) -> None:
     if not marker.exists():
         marker.write_text(f"stalled at step {step}\n")
         time.sleep(seconds)
+
+
+def hang_once(ckpt_dir: Path, step: int) -> None:
+    """A rank that loops forever in Python (busy, not stopped: a bug, a retry loop without end),
+    once: the marker makes the restart go through."""
+    marker = ckpt_dir / f".tiny_gpt_hung_at_{step}"
+    if marker.exists():
+        return
+    marker.write_text(f"hung at step {step}\n")
+    spins = 0  # the watchdog finds it silent, asks for its stacks and kills it
+    while True:
+        spins += 1
 
 
 def slow_compute(seconds: float) -> None:

@@ -34,7 +34,7 @@ from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.recipes import device as devices
 from ckpt_tool.recipes.data import Corpus, GlobalSampler, micro_batch_indices, probe_batch
-from ckpt_tool.recipes.faults import before_commit_hook, crash_now, next_faulty_node, node_fault, slow_compute, stall_once
+from ckpt_tool.recipes.faults import before_commit_hook, crash_now, hang_once, next_faulty_node, node_fault, slow_compute, stall_once
 from ckpt_tool.recipes.gpt_model import GPTConfig, TinyGPT, lm_loss, shard_model
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.distributed import init_distributed
@@ -130,6 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bug-at-step", type=int, help="fault injection: every rank raises at this step, every time (a bug in the code)")
     p.add_argument("--data-stall-at-step", type=int, help="test hook: the data loader stalls at this step, once")
     p.add_argument("--data-stall-s", type=float, default=20.0)
+    p.add_argument("--hang-at-step", type=int, help="fault injection: --hang-rank loops forever in Python at this step, once")
+    p.add_argument("--hang-rank", type=int, default=0, help="with --hang-at-step: the rank that hangs")
     p.add_argument("--slow-rank", type=int, help="fault injection: this rank computes --slow-ms longer every step (a straggler)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-rank: extra compute per step, in ms (CPU kept busy)")
     p.add_argument("--slow-from-step", type=int, default=1, help="with --slow-rank: the first slow step")
@@ -250,6 +252,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                     + "\n"
                 )
                 samples_log.flush()
+            if step == args.hang_at_step and rank == args.hang_rank:
+                hang_once(args.ckpt_dir, step)
             if rank == args.slow_rank and step >= args.slow_from_step:
                 slow_compute(args.slow_ms / 1000)
             loss_sum = torch.zeros((), device=device)

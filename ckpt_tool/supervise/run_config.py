@@ -13,6 +13,7 @@ from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.supervise import round_end
 from ckpt_tool.supervise.channel import ENV_SOCKET
 from ckpt_tool.supervise.handoff import ENV_POOL
+from ckpt_tool.supervise.stacks import ENV_STACKS
 
 ELASTIC_LAST_CALL_S = 10
 
@@ -59,12 +60,24 @@ class RunConfig:
 
 
 def rank_environment(cfg: RunConfig, base: dict[str, str], sock_path: Path, pool_dir: Path) -> dict[str, str]:
-    """The environment torchrun and the ranks get: the heartbeat socket, the run and checkpoint
-    directories, the spare pool's directory (when warm)."""
+    """The environment torchrun and the ranks get: the heartbeat socket (its directory also holds
+    the ranks' stack dumps), the run and checkpoint directories, the spare pool's directory (when warm)."""
     # A fresh store for every rendezvous round: torchrun's shared store keeps the keys of earlier
     # rounds, and when another node's failure restarts this node's ranks, the restart count
     # that would separate them is not raised (measured: gloo then dials the dead ranks).
-    env = {**base, ENV_SOCKET: str(sock_path), "CKPT_RUN_DIR": str(cfg.run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env = {
+        **base,
+        ENV_SOCKET: str(sock_path),
+        ENV_STACKS: str(sock_path.parent / "stacks"),
+        "CKPT_RUN_DIR": str(cfg.run_dir),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    # NCCL's flight recorder records the last collectives of each rank (gloo has none): on by
+    # default, dumped into hangs/ when NCCL's own watchdog times out (python -m
+    # torch.distributed.flight_recorder.fr_trace reads the files).
+    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(cfg.run_dir / "hangs" / "flight_recorder_rank_"))
     if cfg.ckpt_dir is not None:
         env["CKPT_DIR"] = str(cfg.ckpt_dir)
     if cfg.warm:

@@ -7,6 +7,8 @@ Every file of it (``core.run_catalog.FILES``) is read and written here and nowhe
   skipping torn lines (reported by number) and keeping fields it does not know;
 - ``health.json``, ``round_end.json``, ``timeouts.json``: JSON objects with a ``version``,
   replaced atomically and fsynced (``store.durable.atomic_write``);
+- ``stacks_request.json`` asks every node's watchdog for its ranks' stacks, ``hangs/<id>/``
+  holds them (``rank_R.txt``, written by ``supervise.stacks``) and ``report.json``;
 - ``ranks.NODE.json``, ``rank_health.NODE.json``: rewritten every few seconds, replaced
   atomically without an fsync (``replace_quietly``: they inform, nothing depends on them, and an
   fsync per write on a shared filesystem costs more than they are worth).
@@ -181,3 +183,77 @@ def read_rank_health(run_dir: Path) -> list[dict[str, Any]]:
             if isinstance(r, dict) and type(r.get("rank")) is int and all(isinstance(r.get(k), (int, float)) for k in _NUMBERS):
                 rows.append({**r, "node": node, "as_of": as_of})
     return sorted(rows, key=lambda r: r["rank"])
+
+
+# ----------------------------------------------------------------------------- hangs/ and stacks_request.json
+
+
+def open_hang_dir(run_dir: Path, round_id: str, by: str, join_within_s: float = 0.0) -> tuple[Path, bool]:
+    """The ``hangs/<id>/`` directory for the stacks of a hang (or a ``ckpt stacks`` request) and
+    whether this call opened it: a request of the same round younger than ``join_within_s``
+    (another node found the same hang first) is joined; else a new directory is made and
+    ``stacks_request.json`` asks every node's watchdog for its ranks' stacks (round ``*``: any).
+    Two nodes that find a hang at once agree on one directory (a lock in ``hangs/``)."""
+    from filelock import FileLock
+
+    hangs = run_dir / catalog.HANGS_DIR
+    hangs.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(hangs / ".lock"), timeout=10):
+        request = read_stacks_request(run_dir)
+        if request is not None and request.get("round") == round_id and time.time() - float(request.get("time", 0)) <= join_within_s:
+            found = hangs / str(request.get("dir"))
+            if found.is_dir():
+                return found, False
+        now = time.time()
+        name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}-{_safe(by)}"
+        (hangs / name).mkdir()
+        _write(run_dir / catalog.STACKS_REQUEST_NAME, {"dir": name, "round": round_id, "by": by, "time": now})
+    return hangs / name, True
+
+
+def read_stacks_request(run_dir: Path) -> dict[str, Any] | None:
+    """``stacks_request.json``: the newest request for the ranks' stacks, or None."""
+    try:
+        return _read(run_dir / catalog.STACKS_REQUEST_NAME)
+    except CkptError:
+        return None
+
+
+def write_hang_report(hang_dir: Path, report: Mapping[str, Any]) -> None:
+    """``hangs/<id>/report.json``: the culprit(s), the victims, each rank's verdict."""
+    _write(hang_dir / catalog.HANG_REPORT_NAME, {"time": time.time(), **report})
+
+
+def read_hang_reports(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every hang directory with its report, oldest first (a directory without one is skipped)."""
+    out = []
+    for d in sorted((run_dir / catalog.HANGS_DIR).glob("*/")):
+        try:
+            data = _read(d / catalog.HANG_REPORT_NAME)
+        except CkptError:
+            continue
+        if data is not None:
+            out.append((d, data))
+    return out
+
+
+def read_rank_stacks(hang_dir: Path) -> list[str]:
+    """The text of every ``rank_R.txt`` of a hang directory, by rank."""
+
+    def rank_of(p: Path) -> int:
+        try:
+            return int(p.stem.removeprefix("rank_"))
+        except ValueError:
+            return -1
+
+    out = []
+    for p in sorted(hang_dir.glob("rank_*.txt"), key=rank_of):
+        try:
+            out.append(p.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "node"

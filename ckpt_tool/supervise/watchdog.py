@@ -5,8 +5,11 @@ whole group (``--max-restarts``) and, across nodes, coordinates the restart thro
 rendezvous. The watchdog adds what torchrun lacks:
 
 - **hangs**: ranks beat on a node-local channel with their step and phase; a rank silent for
-  longer than its phase's calibrated timeout is killed (SIGTERM, SIGKILL after a grace), which
-  turns the hang into a failure torchrun sees and restarts from the newest checkpoint;
+  longer than its phase's calibrated timeout is explained, then killed: every rank's stacks are
+  written to ``RUN_DIR/hangs/<id>/`` (``supervise.stacks``; other nodes add theirs on the
+  request), the culprit is named (``core.hang_report``) and blamed in the health ledger, and the
+  kill (SIGKILL for the culprit, SIGTERM then SIGKILL for the others) turns the hang into a
+  failure torchrun sees and restarts from the newest checkpoint;
 - **crash loops**: ``crash_loop`` failures in a row without a new checkpoint stop the job;
 - **a node that keeps failing**: every rank exit is logged with its node and cause (its own
   crash, a kill, a hang, or a victim of a peer's failure); after each failure the health ledger
@@ -37,18 +40,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ckpt_tool.core.hang_report import HangReport, analyse, parse_rank_file
+from ckpt_tool.core.run_catalog import HANGS_DIR
 from ckpt_tool.core.stop_purpose import stop_purpose, stopped_note
 from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, beat_of, find_hangs
 from ckpt_tool.core.timeouts import DurationLog, calibrate
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.store.store import newest_step
-from ckpt_tool.supervise import channel, round_end
+from ckpt_tool.supervise import channel, round_end, stacks
 from ckpt_tool.supervise.gpu_monitor import open_reader
 from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree
 from ckpt_tool.supervise.rank_reports import RankReports
 from ckpt_tool.supervise.rank_vitals import RankHealth
 from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
-from ckpt_tool.supervise.run_dir import note, read_timeouts, write_ranks, write_timeouts
+from ckpt_tool.supervise.run_dir import (
+    note,
+    open_hang_dir,
+    read_rank_stacks,
+    read_stacks_request,
+    read_timeouts,
+    write_hang_report,
+    write_ranks,
+    write_timeouts,
+)
 from ckpt_tool.supervise.warm_pool import WarmPool
 
 __all__ = ["RunConfig", "Watchdog", "torchrun_argv"]
@@ -61,6 +75,11 @@ JUDGE_AFTER_S = 3.0
 # fail): SIGTERM, SIGKILL this long after. A commit past its last collective (rank 0 renaming the
 # manifest) ends in ms; their own exit (traceback, ~1 s of teardown with torch) delays the restart.
 TEARDOWN_GRACE_S = 0.5
+# A hang's stacks: another node that finds the same hang within this long joins its directory;
+# the node waits this long for the other nodes' ranks' files before it judges without them.
+JOIN_HANG_WITHIN_S = 30.0
+JOIN_WAIT_S = 3.0
+STACKS_POLL_S = 0.5  # how often a watchdog looks for a request for its ranks' stacks
 
 
 class Watchdog:
@@ -95,6 +114,10 @@ class Watchdog:
         self.judged: set[int] = set()  # attempts whose failure the health ledger has judged
         self.durations = DurationLog()
         self.pool: WarmPool | None = None
+        self.world: int | None = None  # the job's world size, as the ranks say
+        self.stacks_dir = Path(tempfile.gettempdir())  # where the ranks' handlers dump (set by run)
+        self.stacks_seen: str | None = None  # the last stacks request this node answered (its directory)
+        self.stacks_polled = 0.0
         reader, self.no_gpu = open_reader() if cfg.gpu_monitor else (None, "off (--no-gpu-monitor)")
         self.health_view = RankHealth(cfg.run_dir, cfg.node, cfg.stragglers, reader, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
@@ -114,6 +137,8 @@ class Watchdog:
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
+        self.stacks_dir = sock_dir / "stacks"
+        self.stacks_seen = str((read_stacks_request(self.cfg.run_dir) or {}).get("dir"))  # not an old request
         env = rank_environment(self.cfg, dict(os.environ), sock_path, sock_dir / "warm")
         if self.cfg.warm:  # spares import torch while torchrun starts up
             self.pool = WarmPool(sock_dir / "warm", self.cfg.nproc_per_node, env, self.cfg.warm_imports, self.cfg.run_dir / "warm.log")
@@ -176,6 +201,9 @@ class Watchdog:
             hangs = find_hangs(self.beats.values(), self.timeouts(), now) if self.stop_at is None else []
             if hangs:
                 self._kill_hung(hangs)
+            elif now - self.stacks_polled > STACKS_POLL_S:
+                self.stacks_polled = now
+                self._answer_stacks_request(now)
             if self.status is not None:
                 self.status(
                     {
@@ -267,6 +295,8 @@ class Watchdog:
         self.beats[beat.rank] = beat
         self._found(self.health_view.on_timing(beat.rank, m.get("timing")))
         self.addrs[beat.rank] = str(m.get("addr", ""))
+        if isinstance(m.get("world"), int):
+            self.world = m["world"]
         if isinstance(m.get("local_rank"), int):
             self.local_ranks[beat.pid] = m["local_rank"]
 
@@ -320,26 +350,77 @@ class Watchdog:
         return {"rank": r.rank, "local_rank": self.local_ranks.get(r.pid), "pid": r.pid, "step": r.step, "phase": r.phase}
 
     def _kill_hung(self, hangs: list) -> None:
-        for i, h in enumerate(hangs):
+        """Explain the hang (every rank's stacks, the culprit), then kill this node's ranks:
+        the culprit at once (it cannot act on SIGTERM), the others after a short grace."""
+        t0 = time.monotonic()
+        hang_dir, _ = open_hang_dir(self.cfg.run_dir, self.cfg.round_id, self.cfg.node, JOIN_HANG_WITHIN_S)
+        self.stacks_seen = hang_dir.name
+        targets = [stacks.Target(h.rank, h.pid, h.step, h.phase, h.silent_s) for h in hangs]
+        stacks.collect(targets, self.stacks_dir, hang_dir, self.cfg.node)
+        report = self._hang_report(hang_dir, t0)
+        stacks_s = round(time.monotonic() - t0, 2)
+        verdicts = {v.rank: v for v in report.verdicts}
+        for h in hangs:
+            v = verdicts.get(h.rank)
             self.event(
                 "hang",
                 **self._where(h),
                 silent_s=round(h.silent_s, 2),
                 timeout_s=round(h.timeout_s, 2),
-                culprit=i == 0,
+                culprit=h.rank in report.culprits,
+                where=v.where if v else "-",
+                waiting_in=v.waiting_in if v else None,
             )
+        summary = report.summary(max(h.silent_s for h in hangs))
+        write_hang_report(hang_dir, {**report.to_json(), "summary": summary, "node": self.cfg.node, "round": self.cfg.round_id})
+        self.event(
+            "hang_report", summary=summary, culprits=list(report.culprits), culprit_nodes=list(report.culprit_nodes()),
+            victims=list(report.victims), attributed=report.attributed, reason=report.reason, stacks=str(hang_dir), stacks_s=stacks_s,
+        )  # fmt: skip
         pids = [b.pid for b in self.beats.values()]
         self.gone.update(pids)
-        t0 = time.monotonic()
-        # The culprit (first) cannot act on SIGTERM: it is stuck. SIGKILL it at once; its peers,
-        # blocked in a collective with it, then fail fast and can end within the grace.
-        kill_tree([hangs[0].pid], 0.0)
-        kill_tree([pid for pid in pids if pid != hangs[0].pid], TEARDOWN_GRACE_S)
-        self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t0, 2))
+        t1 = time.monotonic()
+        first = [h.pid for h in hangs if h.rank in report.culprits] or [hangs[0].pid]
+        # The culprit cannot act on SIGTERM: it is stuck. SIGKILL it at once; its peers, blocked
+        # in a collective with it, then fail fast and can end within the grace.
+        kill_tree(first, 0.0)
+        kill_tree([pid for pid in pids if pid not in first], TEARDOWN_GRACE_S)
+        self.event("killed_ranks", pids=pids, teardown_s=round(time.monotonic() - t1, 2))
         self._failure()
         self.closed_attempts.add(self.attempt)
         self.closed_at = time.monotonic()
         self.beats = {}
+
+    def _hang_report(self, hang_dir: Path, t0: float) -> HangReport:
+        """The report from every rank's file in ``hang_dir``: this node's, and the other nodes'
+        when the job spans several (waited for until ``JOIN_WAIT_S``, then judged without them)."""
+        local = len(self.beats)
+        while self.world and self.world > local and time.monotonic() - t0 < JOIN_WAIT_S:
+            if len(read_rank_stacks(hang_dir)) >= self.world:
+                break
+            time.sleep(0.1)
+        ranks = [r for r in map(parse_rank_file, read_rank_stacks(hang_dir)) if r is not None]
+        return analyse(ranks, self.world)
+
+    def _answer_stacks_request(self, now: float) -> None:
+        """Another node found a hang (or a user ran ``ckpt stacks``): write this node's ranks'
+        stacks into the directory the request names; the training goes on."""
+        request = read_stacks_request(self.cfg.run_dir)
+        if request is None or str(request.get("dir")) == self.stacks_seen or not self.beats:
+            return
+        if request.get("round") not in ("*", self.cfg.round_id):
+            return
+        self.stacks_seen = str(request.get("dir"))
+        hang_dir = self.cfg.run_dir / HANGS_DIR / self.stacks_seen
+        if not hang_dir.is_dir():
+            return
+        t0 = time.monotonic()
+        targets = [stacks.Target(b.rank, b.pid, b.step, b.phase, now - b.time) for b in self.beats.values()]
+        stacks.collect(targets, self.stacks_dir, hang_dir, self.cfg.node)
+        self.event(
+            "stacks_written", ranks=sorted(self.beats), stacks=str(hang_dir), stacks_s=round(time.monotonic() - t0, 2),
+            requested_by=request.get("by"),
+        )  # fmt: skip
 
     def _failure(self) -> None:
         self.failures_counted.add(self.attempt)

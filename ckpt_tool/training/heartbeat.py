@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ckpt_tool.core.handoff import WARM_MARKER
 from ckpt_tool.core.node_ledger import classify_crash
-from ckpt_tool.supervise import channel
+from ckpt_tool.supervise import channel, stacks
 from ckpt_tool.training.step_timing import StepTimer
 
 
@@ -40,6 +40,7 @@ class Heartbeat:
         self.supervisor = supervisor
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.step = 0
         self.current = "init"
@@ -55,6 +56,7 @@ class Heartbeat:
             directory = Path(supervisor).parent if Path(supervisor).parent.is_dir() else Path(tempfile.gettempdir())
             self._addr = directory / f"rank{self.rank}-{os.getpid()}.sock"
             self._sock = channel.bind(self._addr)
+            stacks.arm(self.rank)  # the watchdog can ask for this rank's stacks, even when it is blocked in C
             atexit.register(self._goodbye)
             self._previous_hook = sys.excepthook
             sys.excepthook = self._on_uncaught
@@ -77,6 +79,7 @@ class Heartbeat:
         message = {
             "rank": self.rank,
             "local_rank": self.local_rank,
+            "world": self.world,
             "pid": os.getpid(),
             "step": self.step,
             "phase": self.current,
