@@ -42,6 +42,7 @@ SCRIPTS = (
     "local_tier",
     "stragglers",
     "hot_spares",
+    "hang_stacks",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {

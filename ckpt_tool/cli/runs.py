@@ -309,7 +309,7 @@ def stacks(
     in a collective answers too; a frozen one is read with py-spy when installed); the training goes on.
     """
     from ckpt_tool.core.hang_report import analyse, moving, parse_rank_file
-    from ckpt_tool.supervise.run_dir import read_ranks, write_hang_report
+    from ckpt_tool.supervise.run_dir import read_ranks, read_reach, write_hang_report
     from ckpt_tool.supervise.stacks import request
 
     run_dir, _, _, notes = _job_or_dir(target)
@@ -336,7 +336,7 @@ def stacks(
             ExitCode.NOT_FOUND,
         )
     ranks = [r for r in map(parse_rank_file, texts) if r is not None]
-    report = analyse(ranks, max(expected, len(ranks)) or None)
+    report = analyse(ranks, max(expected, len(ranks)) or None, read_reach(hang_dir))
     data = {**report.to_json(), "stacks": str(hang_dir), "requested": True, "moving": moving(ranks) is not None}
     write_hang_report(hang_dir, data)
     if as_json:

@@ -10,11 +10,15 @@ step and phase of its last beat, seconds silent, process state, how it answered.
 ``analyse`` names the culprit(s), in this order of evidence:
 
 1. ranks that *could not answer* (frozen: SIGSTOP, a D-state read) while their peers did;
-2. ranks *not inside a collective* while the others wait in one (a rank looping in Python, stuck
+2. ranks on a node *cut off the network*: each node's watchdog, when it writes its ranks'
+   stacks, also tries to reach every other node's watchdog (a TCP connect); a node that none of
+   its peers could reach, while those peers reached some other node, is cut off (``cut_off``;
+   with two nodes a cut looks the same from both ends, and nobody is named);
+3. ranks *not inside a collective* while the others wait in one (a rank looping in Python, stuck
    in a data loader or in ``loss.item()`` on a bad GPU): a collective is a frame of
    ``torch.distributed`` on the training thread;
-3. ranks *one step behind* the others (by their last beats), when everybody is in a collective;
-4. ranks whose files are *missing*: their node did not answer;
+4. ranks *one step behind* the others (by their last beats), when everybody is in a collective;
+5. ranks whose files are *missing*: their node did not answer;
 
 and says *unattributed* when nothing stands out (every rank in the same collective at the same
 step: a network fault looks the same from both ends), rather than guessing.
@@ -86,6 +90,7 @@ class HangReport:
     reason: str  # why these ranks: "not in the collective the others wait in", ... or why unattributed
     verdicts: tuple[RankVerdict, ...]
     missing: tuple[int, ...] = ()  # ranks of the job with no file: their node did not answer
+    isolated: tuple[str, ...] = ()  # nodes cut off the network (``cut_off``)
 
     @property
     def attributed(self) -> bool:
@@ -125,7 +130,8 @@ class HangReport:
             code = f" ({v.code})" if v.code else ""
             where = f" in {v.where}{code}" if v.where != "-" else ""
             frozen = f", frozen: {v.note}," if v.answered != "faulthandler" and v.note else ""
-            parts.append(f"rank {r} on {v.node}{frozen}{where}")
+            cut = ", cut off (its peers cannot reach it)," if v.node in self.isolated else ""
+            parts.append(f"rank {r} on {v.node}{frozen}{cut}{where}")
         return f"{'; '.join(parts)}{tail}{since}"
 
     def to_json(self) -> dict[str, Any]:
@@ -137,6 +143,7 @@ class HangReport:
             "attributed": self.attributed,
             "reason": self.reason,
             "missing": list(self.missing),
+            "isolated": list(self.isolated),
             "summary": self.summary(),
             "ranks": [vars(v) for v in self.verdicts],
         }
@@ -212,8 +219,9 @@ def parse_rank_file(text: str) -> RankStacks | None:
 
 
 # ----------------------------------------------------------------------------- reading a stack
-_LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
-_OURS = ("/ckpt_tool/training/", "/ckpt_tool/supervise/", "/ckpt_tool/store/", "/ckpt_tool/core/")
+# torch, the standard library (not its site-packages: a user's installed package is theirs) and
+# ckpt-tool's own library code; everything else is the user's (a recipe, a package of theirs)
+_LIBRARY = re.compile(r"/torch/|<frozen |/lib/python3\.\d+/(?!site-packages/|dist-packages/)|/ckpt_tool/(training|supervise|store|core)/")
 
 
 def training_thread(threads: Sequence[tuple[Frame, ...]]) -> tuple[Frame, ...]:
@@ -243,17 +251,42 @@ def user_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost frame of the user's code (not torch, not the standard library, not
     ckpt-tool's library): where the training script stands."""
     for f in frames:
-        if not any(p in f.file for p in _LIBRARY) and not any(p in f.file for p in _OURS):
+        if not _LIBRARY.search(f.file):
             return f
     return None
 
 
+def where_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The frame a report names: the user's innermost (``user_frame``), else the innermost one."""
+    return user_frame(frames) or (frames[0] if frames else None)
+
+
 # ----------------------------------------------------------------------------- the verdict
-def analyse(ranks: Iterable[RankStacks], world: int | None = None) -> HangReport:
-    """Name the culprit(s) of a hang from every rank's stacks and last beat (see the module's
-    docstring for the order of evidence). ``world``: the job's world size, when known, so that
-    ranks with no file at all are seen."""
+def cut_off(reach: Mapping[str, Mapping[str, bool]]) -> tuple[str, ...]:
+    """The nodes cut off the network, from what each node's watchdog could reach (``reach[a][b]``:
+    node ``a`` reached node ``b``): a node that every peer which probed it failed to reach, where
+    each of those peers reached some other node (its own network works), and that reached nobody
+    itself (or did not say). Two nodes that cannot reach each other name nobody."""
+    nodes = set(reach) | {b for r in reach.values() for b in r}
+    out = []
+    for x in sorted(nodes):
+        probers = [a for a, r in reach.items() if a != x and x in r]
+        if not probers or any(reach[a][x] for a in probers):
+            continue
+        if not all(any(ok for b, ok in reach[a].items() if b != x) for a in probers):
+            continue
+        if any(reach.get(x, {}).values()):
+            continue
+        out.append(x)
+    return tuple(out)
+
+
+def analyse(ranks: Iterable[RankStacks], world: int | None = None, reach: Mapping[str, Mapping[str, bool]] | None = None) -> HangReport:
+    """Name the culprit(s) of a hang from every rank's stacks and last beat, and what each node
+    could reach (see the module's docstring for the order of evidence). ``world``: the job's
+    world size, when known, so that ranks with no file at all are seen."""
     by = {r.rank: r for r in ranks}
+    isolated = set(cut_off(reach or {}))
     missing = tuple(r for r in range(world) if r not in by) if world else ()
     spoke = {r for r, s in by.items() if s.answered == "faulthandler" and s.threads}  # answered by itself
     answered = {r for r, s in by.items() if s.threads}  # stacks from the rank, or read from outside (py-spy)
@@ -267,6 +300,9 @@ def analyse(ranks: Iterable[RankStacks], world: int | None = None) -> HangReport
     outside = tuple(sorted(answered - in_collective))
     if frozen and spoke:
         culprits, reason = frozen, "could not answer (frozen) while the others did"
+    elif isolated and any(s.node in isolated for s in by.values()):
+        culprits = tuple(sorted(r for r, s in by.items() if s.node in isolated))
+        reason = f"{', '.join(sorted(isolated))} cannot be reached by its peers (its network?), which reach each other"
     elif in_collective and outside:
         culprits, reason = outside, "not inside the collective the others wait in"
     elif in_collective and not outside:
@@ -296,13 +332,13 @@ def analyse(ranks: Iterable[RankStacks], world: int | None = None) -> HangReport
     verdicts = []
     for r in sorted(by):
         s = by[r]
-        f = user_frame(frames.get(r, ()))
-        where = f.short if f else (frames[r][0].short if frames.get(r) else "-")
+        f = where_frame(frames.get(r, ()))
+        where = f.short if f else "-"
         code = s.code.get(f"{f.file}:{f.line}", "") if f else ""
         role = "culprit" if r in culprits else ("waiting" if culprits else "unknown")
         note = s.note if r not in spoke else ""
         verdicts.append(RankVerdict(r, s.node, role, where, code, ops.get(r), s.step, s.phase, s.answered, note))
-    return HangReport(culprits, reason, tuple(verdicts), missing)
+    return HangReport(culprits, reason, tuple(verdicts), missing, tuple(sorted(isolated)))
 
 
 def moving(ranks: Iterable[RankStacks], within_s: float = 2.0) -> float | None:
@@ -317,7 +353,13 @@ def moving(ranks: Iterable[RankStacks], within_s: float = 2.0) -> float | None:
 def report_of(data: Mapping[str, Any]) -> HangReport:
     """A report back from its ``to_json`` (``report.json``)."""
     verdicts = tuple(RankVerdict(**{k: v.get(k) for k in RankVerdict.__dataclass_fields__}) for v in data.get("ranks", ()))
-    return HangReport(tuple(data.get("culprits", ())), str(data.get("reason", "")), verdicts, tuple(data.get("missing", ())))
+    return HangReport(
+        tuple(data.get("culprits", ())),
+        str(data.get("reason", "")),
+        verdicts,
+        tuple(data.get("missing", ())),
+        tuple(data.get("isolated", ())),
+    )
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:

@@ -67,7 +67,7 @@ FILES: tuple[RunFile, ...] = (
     RunFile(STACKS_REQUEST_NAME, 1, "ckpt run (the node that finds a hang), ckpt stacks", "every node's ckpt run",
             "asks every node's watchdog for its ranks' stacks: the hangs/ directory they go to, the round (or any)"),
     RunFile(f"{HANGS_DIR}/<id>/", 1, "ckpt run (each node its ranks' rank_R.txt; report.json), ckpt stacks", "ckpt status, ckpt history, people",
-            "one hang or request: each rank's Python stacks (all threads) and report.json, the culprit and the victims"),
+            "one hang or request: each rank's Python stacks (all threads), each node's reach.NODE.json (the peers it reached) and report.json"),
     RunFile(HANG_REPORT_NAME, 1, "ckpt run, ckpt stacks", "ckpt status, ckpt stacks", "in hangs/<id>/: the culprit(s), the victims, every rank's verdict"),
 )  # fmt: skip
 _FILE_BY_NAME = {f.name: f for f in FILES}

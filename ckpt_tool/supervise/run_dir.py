@@ -130,10 +130,11 @@ def read_timeouts(run_dir: Path) -> DurationLog | None:
     return DurationLog.from_json(data.get("durations")) if data is not None else None
 
 
-def write_ranks(run_dir: Path, node: str, attempt: int, ranks: Mapping[int, int]) -> None:
+def write_ranks(run_dir: Path, node: str, attempt: int, ranks: Mapping[int, int], round_id: str = "", probe: str = "") -> None:
     """``ranks.NODE.json``: the pid of each rank of this node's current attempt (a rank that
-    started warm runs in a spare process, not below torchrun). Best effort: an error is ignored."""
-    record = {"node": node, "attempt": attempt, "ranks": {str(r): p for r, p in sorted(ranks.items())}}
+    started warm runs in a spare process, not below torchrun), the round, and the address where
+    this node's watchdog answers its peers' reachability probes. Best effort: an error is ignored."""
+    record = {"node": node, "attempt": attempt, "round": round_id, "probe": probe, "ranks": {str(r): p for r, p in sorted(ranks.items())}}
     _write(run_dir / catalog.RANKS_PATTERN.format(node=node), record, durable=False)
 
 
@@ -158,6 +159,15 @@ def read_ranks(run_dir: Path) -> dict[int, int]:
             out.update({int(r): int(p) for r, p in data["ranks"].items()})
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
+    return out
+
+
+def read_probes(run_dir: Path, round_id: str) -> dict[str, str]:
+    """Node -> the address of its watchdog's probe listener, for the nodes of round ``round_id``."""
+    out = {}
+    for data in _each(run_dir, catalog.RANKS_PATTERN):
+        if data.get("round") == round_id and isinstance(data.get("probe"), str) and data["probe"] and isinstance(data.get("node"), str):
+            out[data["node"]] = data["probe"]
     return out
 
 
@@ -234,6 +244,23 @@ def read_hang_reports(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
             continue
         if data is not None:
             out.append((d, data))
+    return out
+
+
+def write_reach(hang_dir: Path, node: str, reach: Mapping[str, bool]) -> None:
+    """``hangs/<id>/reach.NODE.json``: which peers this node's watchdog reached when it wrote its stacks."""
+    replace_quietly(hang_dir / f"reach.{_safe(node)}.json", (json.dumps({"node": node, "reach": dict(reach)}) + "\n").encode())
+
+
+def read_reach(hang_dir: Path) -> dict[str, dict[str, bool]]:
+    """Node -> {peer: reached} from every ``reach.NODE.json`` of a hang directory."""
+    out = {}
+    for p in sorted(hang_dir.glob("reach.*.json")):
+        try:
+            data = json.loads(p.read_text())
+            out[str(data["node"])] = {str(k): bool(v) for k, v in data["reach"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
     return out
 
 

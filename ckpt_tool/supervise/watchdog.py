@@ -56,11 +56,14 @@ from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun
 from ckpt_tool.supervise.run_dir import (
     note,
     open_hang_dir,
+    read_probes,
     read_rank_stacks,
+    read_reach,
     read_stacks_request,
     read_timeouts,
     write_hang_report,
     write_ranks,
+    write_reach,
     write_timeouts,
 )
 from ckpt_tool.supervise.warm_pool import WarmPool
@@ -118,6 +121,7 @@ class Watchdog:
         self.stacks_dir = Path(tempfile.gettempdir())  # where the ranks' handlers dump (set by run)
         self.stacks_seen: str | None = None  # the last stacks request this node answered (its directory)
         self.stacks_polled = 0.0
+        self.probe: Any = None  # the TCP listener peers' reachability probes connect to (set by run)
         reader, self.no_gpu = open_reader() if cfg.gpu_monitor else (None, "off (--no-gpu-monitor)")
         self.health_view = RankHealth(cfg.run_dir, cfg.node, cfg.stragglers, reader, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
@@ -137,6 +141,7 @@ class Watchdog:
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
+        self.probe = stacks.probe_listener()
         self.stacks_dir = sock_dir / "stacks"
         self.stacks_seen = str((read_stacks_request(self.cfg.run_dir) or {}).get("dir"))  # not an old request
         env = rank_environment(self.cfg, dict(os.environ), sock_path, sock_dir / "warm")
@@ -162,6 +167,7 @@ class Watchdog:
             if self.pool is not None:
                 self.pool.close()
             self.health_view.close()
+            self.probe.close()
             sock.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
             write_timeouts(self.cfg.run_dir, self.durations, self.timeouts())
@@ -169,7 +175,9 @@ class Watchdog:
 
     def _supervise(self, proc: subprocess.Popen, sock: Any) -> int:
         while True:
-            select.select([sock], [], [], self.cfg.poll_s)
+            readable, _, _ = select.select([sock, self.probe] if self.probe else [sock], [], [], self.cfg.poll_s)
+            if self.probe is not None and self.probe in readable:
+                stacks.answer_probes(self.probe)
             now = time.monotonic()
             for message in channel.receive_all(sock):
                 self._handle(message, now)
@@ -280,8 +288,14 @@ class Watchdog:
             self.event("ranks_started", rank=beat.rank, phase=beat.phase, warm=bool(m.get("warm")))
         if beat.pid not in self.attempt_pids:
             self.attempt_pids.add(beat.pid)
+            ranks = {**{b.rank: b.pid for b in self.beats.values()}, beat.rank: beat.pid}
             write_ranks(
-                self.cfg.run_dir, self.cfg.node, self.attempt, {**{b.rank: b.pid for b in self.beats.values()}, beat.rank: beat.pid}
+                self.cfg.run_dir,
+                self.cfg.node,
+                self.attempt,
+                ranks,
+                self.cfg.round_id,
+                stacks.probe_address(self.probe) if self.probe else "",
             )
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
@@ -353,34 +367,45 @@ class Watchdog:
         """Explain the hang (every rank's stacks, the culprit), then kill this node's ranks:
         the culprit at once (it cannot act on SIGTERM), the others after a short grace."""
         t0 = time.monotonic()
-        hang_dir, _ = open_hang_dir(self.cfg.run_dir, self.cfg.round_id, self.cfg.node, JOIN_HANG_WITHIN_S)
-        self.stacks_seen = hang_dir.name
-        targets = [stacks.Target(h.rank, h.pid, h.step, h.phase, h.silent_s) for h in hangs]
-        stacks.collect(targets, self.stacks_dir, hang_dir, self.cfg.node)
-        report = self._hang_report(hang_dir, t0)
+        try:
+            hang_dir, _ = open_hang_dir(self.cfg.run_dir, self.cfg.round_id, self.cfg.node, JOIN_HANG_WITHIN_S)
+            self.stacks_seen = hang_dir.name
+            targets = [stacks.Target(h.rank, h.pid, h.step, h.phase, h.silent_s) for h in hangs]
+            stacks.collect(targets, self.stacks_dir, hang_dir, self.cfg.node)
+            self._write_reach(hang_dir)
+            report: HangReport | None = self._hang_report(hang_dir, t0)
+        except (OSError, TimeoutError) as exc:  # a full or read-only run directory: kill the hang all the same
+            report, why = None, f"stacks not written: {exc}"
         stacks_s = round(time.monotonic() - t0, 2)
-        verdicts = {v.rank: v for v in report.verdicts}
-        for h in hangs:
+        verdicts = {v.rank: v for v in report.verdicts} if report else {}
+        for i, h in enumerate(hangs):
             v = verdicts.get(h.rank)
             self.event(
                 "hang",
                 **self._where(h),
                 silent_s=round(h.silent_s, 2),
                 timeout_s=round(h.timeout_s, 2),
-                culprit=h.rank in report.culprits,
+                culprit=h.rank in report.culprits if report else i == 0,  # without stacks: the rank behind
                 where=v.where if v else "-",
                 waiting_in=v.waiting_in if v else None,
             )
-        summary = report.summary(max(h.silent_s for h in hangs))
-        write_hang_report(hang_dir, {**report.to_json(), "summary": summary, "node": self.cfg.node, "round": self.cfg.round_id})
-        self.event(
-            "hang_report", summary=summary, culprits=list(report.culprits), culprit_nodes=list(report.culprit_nodes()),
-            victims=list(report.victims), attributed=report.attributed, reason=report.reason, stacks=str(hang_dir), stacks_s=stacks_s,
-        )  # fmt: skip
+        if report is not None:
+            summary = report.summary(max(h.silent_s for h in hangs))
+            try:
+                write_hang_report(hang_dir, {**report.to_json(), "summary": summary, "node": self.cfg.node, "round": self.cfg.round_id})
+            except OSError:
+                pass  # the event below says it all
+            self.event(
+                "hang_report", summary=summary, culprits=list(report.culprits), culprit_nodes=list(report.culprit_nodes()),
+                victims=list(report.victims), attributed=report.attributed, reason=report.reason, stacks=str(hang_dir), stacks_s=stacks_s,
+            )  # fmt: skip
+        else:
+            self.event("hang_report", summary=hangs[0].reason(), culprits=[hangs[0].rank], culprit_nodes=[self.cfg.node], victims=[],
+                       attributed=False, reason=why, stacks=None, stacks_s=stacks_s)  # fmt: skip
         pids = [b.pid for b in self.beats.values()]
         self.gone.update(pids)
         t1 = time.monotonic()
-        first = [h.pid for h in hangs if h.rank in report.culprits] or [hangs[0].pid]
+        first = [h.pid for h in hangs if report and h.rank in report.culprits] or [hangs[0].pid]
         # The culprit cannot act on SIGTERM: it is stuck. SIGKILL it at once; its peers, blocked
         # in a collective with it, then fail fast and can end within the grace.
         kill_tree(first, 0.0)
@@ -395,12 +420,20 @@ class Watchdog:
         """The report from every rank's file in ``hang_dir``: this node's, and the other nodes'
         when the job spans several (waited for until ``JOIN_WAIT_S``, then judged without them)."""
         local = len(self.beats)
+        nodes = len(read_probes(self.cfg.run_dir, self.cfg.round_id))
         while self.world and self.world > local and time.monotonic() - t0 < JOIN_WAIT_S:
-            if len(read_rank_stacks(hang_dir)) >= self.world:
+            if len(read_rank_stacks(hang_dir)) >= self.world and len(read_reach(hang_dir)) >= nodes:
                 break
             time.sleep(0.1)
         ranks = [r for r in map(parse_rank_file, read_rank_stacks(hang_dir)) if r is not None]
-        return analyse(ranks, self.world)
+        return analyse(ranks, self.world, read_reach(hang_dir))
+
+    def _write_reach(self, hang_dir: Path) -> None:
+        """Which other nodes of this round this node's watchdog reaches now (a TCP connect each,
+        ``stacks.PROBE_TIMEOUT_S`` at most): the network's evidence for the report."""
+        peers = {n: a for n, a in read_probes(self.cfg.run_dir, self.cfg.round_id).items() if n != self.cfg.node}
+        if peers:
+            write_reach(hang_dir, self.cfg.node, stacks.reach(peers))
 
     def _answer_stacks_request(self, now: float) -> None:
         """Another node found a hang (or a user ran ``ckpt stacks``): write this node's ranks'
@@ -416,7 +449,11 @@ class Watchdog:
             return
         t0 = time.monotonic()
         targets = [stacks.Target(b.rank, b.pid, b.step, b.phase, now - b.time) for b in self.beats.values()]
-        stacks.collect(targets, self.stacks_dir, hang_dir, self.cfg.node)
+        try:
+            stacks.collect(targets, self.stacks_dir, hang_dir, self.cfg.node)
+            self._write_reach(hang_dir)
+        except OSError:
+            return  # a full or read-only run directory: the training goes on, unexplained
         self.event(
             "stacks_written", ranks=sorted(self.beats), stacks=str(hang_dir), stacks_s=round(time.monotonic() - t0, 2),
             requested_by=request.get("by"),

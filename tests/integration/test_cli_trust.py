@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -170,18 +172,24 @@ def test_commands_say_what_they_found_instead_of_an_empty_table(ckpt, capsys, tm
 
 
 # ------------------------------------------------------------------ read-only means read-only
-@pytest.fixture
-def read_only_copy(ckpt, tmp_path):
+@contextmanager
+def read_only_view(src: Path, at: Path) -> Iterator[Path]:
+    """``src`` seen read-only at ``at`` (a bind mount, remounted read-only; root only), unmounted after."""
     if os.geteuid() != 0:
         pytest.skip("a read-only bind mount needs root")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    subprocess.run(["mount", "--bind", str(ckpt), str(ro)], check=True)
+    at.mkdir()
+    subprocess.run(["mount", "--bind", str(src), str(at)], check=True)
     try:
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
-        yield ro
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(at)], check=True)
+        yield at
     finally:
-        subprocess.run(["umount", "-l", str(ro)], check=False)
+        subprocess.run(["umount", "-l", str(at)], check=False)
+
+
+@pytest.fixture
+def read_only_copy(ckpt, tmp_path):
+    with read_only_view(ckpt, tmp_path / "ro") as ro:
+        yield ro
 
 
 def test_checks_work_on_a_read_only_directory_and_change_nothing(read_only_copy, capsys):
@@ -207,8 +215,6 @@ def test_checks_work_on_a_read_only_directory_and_change_nothing(read_only_copy,
 def test_ckpt_nodes_on_a_read_only_run_directory_says_it_cannot_record_its_decision(tmp_path, capsys):
     """Leaving a node behind is a decision the next ones read back: unrecorded, it is refused in
     words (the cause, the path, where to look instead), not a traceback; nothing changes."""
-    if os.geteuid() != 0:
-        pytest.skip("a read-only bind mount needs root")
     src = tmp_path / "src"
     (src / "run").mkdir(parents=True)
     crash = {"event": "rank_exited", "node": "n2", "round": "r", "cause": "crashed", "rank": 1, "local_rank": 0, "reason": "CUDA error"}
@@ -216,19 +222,13 @@ def test_ckpt_nodes_on_a_read_only_run_directory_says_it_cannot_record_its_decis
     events = [{"event": "start", "node": n, "round": "r", "attempt": 0, "time": 0.0} for n in ("n1", "n2")]
     events += [{**e, "attempt": a, "time": 1.0 + a} for a in range(2) for e in (crash, peer)]
     (src / "run" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    subprocess.run(["mount", "--bind", str(src), str(ro)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
+    with read_only_view(src, tmp_path / "ro") as ro:
         before = snapshot(ro)
         code, out, err = cli(capsys, "nodes", ro, "--nodes", "n1,n2,n3", "--train-nodes", "2", "--after-failure")
         assert code == 2 and out == "" and "Traceback" not in err, err
         assert "cannot record the decision (replace: replacing n2 with n3" in err and "Read-only file system" in err, err
         assert f"ckpt status {ro / 'run'}" in " ".join(err.split()), err
         assert snapshot(ro) == before
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], check=False)
 
 
 def test_dry_runs_change_nothing_on_disk(ckpt, capsys):
@@ -399,3 +399,21 @@ def test_piped_list_gives_whole_lines_grep_can_count(ckpt):
     assert lines[-1].split("\t")[-1] == "step_00000020"
     proc = ckpt_cli("validate", ckpt, "--all", timeout=120)
     assert proc.returncode == 0 and proc.stdout.count(": valid (") == 4
+
+
+def test_ckpt_stacks_on_a_read_only_run_directory_says_it_cannot_ask(tmp_path, capsys):
+    """`ckpt stacks` asks the watchdogs through a file in the run directory: where it cannot
+    write, it says so and where to run it instead; nothing changes. Not a running job: exit 3."""
+    src = tmp_path / "src"
+    (src / "run").mkdir(parents=True)
+    (src / "run" / "events.jsonl").write_text(json.dumps({"event": "start", "node": "n1", "round": "r", "attempt": 0, "time": 0.0}) + "\n")
+    code, out, err = cli(capsys, "stacks", src / "run", "--wait", "1")
+    assert code == 3 and "no rank answered in 1 s" in err and f"ckpt status {src / 'run'}" in " ".join(err.split()), err
+    assert not [p for p in (src / "run" / "hangs").iterdir() if p.is_dir()]  # the unanswered request leaves no directory
+    with read_only_view(src, tmp_path / "ro") as ro:
+        before = snapshot(ro)
+        code, out, err = cli(capsys, "stacks", ro / "run", "--wait", "1")
+        assert code == 2 and out == "" and "Traceback" not in err, err
+        assert f"cannot write the request for stacks into {ro / 'run'}: Read-only file system" in " ".join(err.split()), err
+        assert "run ckpt stacks as the job's user" in " ".join(err.split()), err
+        assert snapshot(ro) == before

@@ -88,3 +88,13 @@ def test_ckpt_stacks_reads_a_live_job_and_the_training_goes_on_exact(reference_r
     late = ckpt_cli("stacks", s.run_dir, "--wait", "1", timeout=60)
     assert late.returncode == ExitCode.NOT_FOUND and "no rank answered in 1 s" in late.stderr and "ckpt status" in late.stderr, late.stderr
     assert sorted((s.run_dir / "hangs").iterdir()) == before
+
+
+def test_a_hang_whose_stacks_cannot_be_written_is_still_ended_and_said_so(supervised):
+    s = supervised("--hang-at-step", "6", "--hang-rank", "0", steps=12)
+    s.run_dir.mkdir(parents=True, exist_ok=True)
+    (s.run_dir / "hangs").write_text("not a directory: the stacks cannot go here\n")
+    assert s.run() == ExitCode.OK, s.log_tail()
+    [report] = [e for e in s.events() if e["event"] == "hang_report"]
+    assert not report["attributed"] and report["stacks"] is None and report["reason"].startswith("stacks not written:"), report
+    assert any(e["event"] == "killed_ranks" for e in s.events()) and any(e["event"] == "restarted" for e in s.events())

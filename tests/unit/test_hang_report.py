@@ -142,3 +142,31 @@ def test_a_job_whose_ranks_all_beat_a_moment_ago_is_moving():
     assert moving(fresh) == 0.3
     assert moving([*fresh, rank(2, FAULTHANDLER_BUSY)]) is None  # one silent 6.1 s
     assert moving([]) is None
+
+
+def test_a_node_its_peers_cannot_reach_is_cut_off_and_its_ranks_are_the_culprits():
+    from ckpt_tool.core.hang_report import cut_off
+
+    reach = {"n1": {"n2": False, "n3": True}, "n2": {"n1": False, "n3": False}, "n3": {"n1": True, "n2": False}}
+    assert cut_off(reach) == ("n2",)
+    assert cut_off({"n1": {"n2": False, "n3": True}, "n3": {"n1": True, "n2": False}}) == ("n2",)  # n2 wrote nothing
+    assert cut_off({"n1": {"n2": False}, "n2": {"n1": False}}) == ()  # two nodes: the same from both ends
+    assert cut_off({"n1": {"n2": True, "n3": True}, "n2": {"n1": True, "n3": True}, "n3": {"n1": True, "n2": True}}) == ()
+    assert cut_off({}) == ()
+    ranks = [rank(0, FAULTHANDLER_WAITING, node="n1"), rank(1, FAULTHANDLER_WAITING, node="n2"), rank(2, FAULTHANDLER_WAITING, node="n3")]
+    report = analyse(ranks, world=3, reach=reach)
+    assert report.culprits == (1,) and report.culprit_nodes() == ("n2",) and "cannot be reached by its peers" in report.reason
+    assert report.summary().startswith("rank 1 on n2, cut off (its peers cannot reach it), in train.py:121 in main")
+    assert report_of(report.to_json()) == report
+    # the same stacks without the network's evidence: every rank in the same collective, nobody named
+    assert not analyse(ranks, world=3).attributed
+
+
+def test_a_users_installed_package_is_the_users_code_torch_and_the_standard_library_are_not():
+    from ckpt_tool.core.hang_report import Frame
+
+    mine = Frame("/venv/lib/python3.11/site-packages/mytrain/train.py", 40, "main")
+    frames = [Frame(f"{TORCH}/_tensor.py", 1, "item"), Frame("/usr/lib/python3.11/threading.py", 2, "wait"),
+              Frame("/venv/lib/python3.11/site-packages/ckpt_tool/training/manager.py", 3, "maybe_save"), mine]  # fmt: skip
+    assert user_frame(frames) == mine
+    assert user_frame(frames[:3]) is None
