@@ -319,7 +319,7 @@ def stacks(
             "pass the --ckpt-dir of a run started with ckpt run or ckpt submit",
             ExitCode.NOT_FOUND,
         )
-    expected = len(read_ranks(run_dir))
+    expected = len(read_ranks(run_dir, newest_round=True))  # not the ranks of a node left behind
     try:
         hang_dir, texts = request(run_dir, expected, wait)
     except OSError as exc:

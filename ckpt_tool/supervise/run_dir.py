@@ -134,7 +134,8 @@ def write_ranks(run_dir: Path, node: str, attempt: int, ranks: Mapping[int, int]
     """``ranks.NODE.json``: the pid of each rank of this node's current attempt (a rank that
     started warm runs in a spare process, not below torchrun), the round, and the address where
     this node's watchdog answers its peers' reachability probes. Best effort: an error is ignored."""
-    record = {"node": node, "attempt": attempt, "round": round_id, "probe": probe, "ranks": {str(r): p for r, p in sorted(ranks.items())}}
+    record = {"node": node, "attempt": attempt, "round": round_id, "probe": probe, "time": time.time(),
+              "ranks": {str(r): p for r, p in sorted(ranks.items())}}  # fmt: skip
     _write(run_dir / catalog.RANKS_PATTERN.format(node=node), record, durable=False)
 
 
@@ -151,10 +152,15 @@ def _each(run_dir: Path, pattern: str) -> list[dict[str, Any]]:
     return out
 
 
-def read_ranks(run_dir: Path) -> dict[int, int]:
-    """Rank -> pid from every node's ``ranks.NODE.json``; {} when there is none (yet)."""
+def read_ranks(run_dir: Path, newest_round: bool = False) -> dict[int, int]:
+    """Rank -> pid from every node's ``ranks.NODE.json`` (``newest_round``: only the files of the
+    round written last: a node left behind keeps its old file); {} when there is none (yet)."""
     out: dict[int, int] = {}
-    for data in _each(run_dir, catalog.RANKS_PATTERN):
+    files = _each(run_dir, catalog.RANKS_PATTERN)
+    if newest_round and files:
+        newest = max(files, key=lambda d: d.get("time", 0) if isinstance(d.get("time"), (int, float)) else 0).get("round")
+        files = [d for d in files if d.get("round") == newest]
+    for data in files:
         try:
             out.update({int(r): int(p) for r, p in data["ranks"].items()})
         except (ValueError, KeyError, TypeError, AttributeError):

@@ -125,3 +125,12 @@ def test_ckpt_status_shows_the_newest_final_event_as_the_jobs_final_state(tmp_pa
     assert json.loads(shown.stdout)["final"] == "cancelled"
     text = _ckpt("status", str(run), cwd=tmp_path)
     assert "final state: cancelled" in text.stdout, text.stdout
+
+
+def test_the_newest_rounds_ranks_leave_out_a_node_left_behind_and_probes_are_per_round(tmp_path):
+    run_dir.write_ranks(tmp_path, "n2", 0, {1: 201}, "7.0.0", "n2:4000")  # n2, left behind after round 7.0.0
+    run_dir.write_ranks(tmp_path, "n1", 0, {0: 100}, "7.0.1", "n1:4001")
+    run_dir.write_ranks(tmp_path, "n3", 0, {1: 301}, "7.0.1", "n3:4002")
+    assert run_dir.read_ranks(tmp_path, newest_round=True) == {0: 100, 1: 301}
+    assert run_dir.read_probes(tmp_path, "7.0.1") == {"n1": "n1:4001", "n3": "n3:4002"}
+    assert run_dir.read_probes(tmp_path, "7.0.0") == {"n2": "n2:4000"}
