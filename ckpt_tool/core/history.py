@@ -34,6 +34,7 @@ MARKS: Mapping[str, tuple[str, str]] = {
     "nodes_left_behind": ("shrink", "left {drop} behind"),
     "replaced": ("replace", "replaced {node} with {by}"),
     "straggler": ("straggler", "straggler: rank {rank}"),
+    "slow_link": ("straggler", "slow link: {node}"),
     "gpu_error": ("failure", "GPU error: rank {rank}"),
 }
 KINDS = ("checkpoint", "failure", "requeue", "rollback", "shrink", "replace", "straggler")

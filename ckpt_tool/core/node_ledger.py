@@ -261,11 +261,11 @@ def _roster(roster: dict[str, Any], e: Mapping[str, Any]) -> None:
         roster["replaced"] = (*roster.get("replaced", ()), (str(e["node"]), str(e["by"]), str(e.get("reason", ""))))
 
 
-_MARKS = frozenset({"straggler", "gpu_error", CHECK_EVENT})
+_MARKS = frozenset({"straggler", "slow_link", "gpu_error", CHECK_EVENT})
 
 
 def _marked(r: NodeRecord, e: Mapping[str, Any]) -> NodeRecord:
-    """A ``straggler``, ``gpu_error`` or ``node_check`` event's entry in its node's record."""
+    """A ``straggler``, ``slow_link``, ``gpu_error`` or ``node_check`` event's entry in its node's record."""
     if e.get("event") == CHECK_EVENT:
         if e.get("result") != "failed":
             return r
@@ -274,7 +274,10 @@ def _marked(r: NodeRecord, e: Mapping[str, Any]) -> NodeRecord:
         xids = ", ".join(str(x) for x in e.get("xids") or [])
         what = f"XID {xids}" if xids else f"{e.get('ecc_uncorrected_new')} uncorrectable ECC error(s)"
         return replace(r, flagged=f"GPU {e.get('gpu')} (rank {e.get('rank')}): {what}")
-    reason = f"rank {e.get('rank')} {e.get('phase')} {e.get('slower_x')}x its peers' median at step {e.get('step')}"
+    if e.get("event") == "slow_link":
+        reason = f"slow link: {e.get('share')} of the other links' rate"
+    else:
+        reason = f"rank {e.get('rank')} {e.get('phase')} {e.get('slower_x')}x its peers' median at step {e.get('step')}"
     return replace(r, stragglers=r.stragglers + 1, last_straggler=reason, flagged=f"straggler: {reason}" if e.get("suspect") else r.flagged)
 
 

@@ -33,6 +33,7 @@ ROUND_END_NAME = "round_end.json"
 TIMEOUTS_NAME = "timeouts.json"
 RANKS_PATTERN = "ranks.{node}.json"
 RANK_HEALTH_PATTERN = "rank_health.{node}.json"
+LINKS_PATTERN = "links.{node}.json"
 STACKS_REQUEST_NAME = "stacks_request.json"
 HANGS_DIR = "hangs"
 HANG_REPORT_NAME = "report.json"  # in hangs/<id>/, beside each rank's rank_R.txt
@@ -64,6 +65,8 @@ FILES: tuple[RunFile, ...] = (
             "the pid of each rank of the node's current attempt"),
     RunFile(RANK_HEALTH_PATTERN, 1, "ckpt run (each node its own, every 2 s)", "ckpt status, ckpt plan",
             "each rank's straggler score, step time and GPU use"),
+    RunFile(LINKS_PATTERN, 1, "ckpt run (each node its own, every 10 s while training)", "every node's ckpt run (slow links)",
+            "the bytes/s this node's watchdog sent to each peer's and had acknowledged, with the round and the time"),
     RunFile(STACKS_REQUEST_NAME, 1, "ckpt run (the node that finds a hang), ckpt stacks", "every node's ckpt run",
             "asks every node's watchdog for its ranks' stacks: the hangs/ directory they go to, the round (or any)"),
     RunFile(f"{HANGS_DIR}/<id>/", 1, "ckpt run (each node its ranks' rank_R.txt; report.json), ckpt stacks", "ckpt status, ckpt history, people",
@@ -77,7 +80,7 @@ def run_file(name: str) -> RunFile:
     """The spec of a run file by its name (``ranks.n1.json`` finds ``ranks.{node}.json``)."""
     if name in _FILE_BY_NAME:
         return _FILE_BY_NAME[name]
-    for pattern in (RANKS_PATTERN, RANK_HEALTH_PATTERN):
+    for pattern in (RANKS_PATTERN, RANK_HEALTH_PATTERN, LINKS_PATTERN):
         head, tail = pattern.split("{node}")
         if name.startswith(head) and name.endswith(tail):
             return _FILE_BY_NAME[pattern]
@@ -159,6 +162,8 @@ RUN_EVENTS: tuple[EventSpec, ...] = (
     EventSpec("round_ended", (*RUN, "suspects", "step", "note"), _W, "the round ended (exit 77) so that the batch script leaves the suspects behind"),
     EventSpec("straggler", (*RUN, "rank", "phase", "step", "time_s", "peers_median_s", "slower_x", "score", "steps_below", "suspect"), _W,
               "a rank stays slower than its peers (once per episode)"),
+    EventSpec("slow_link", (*RUN, "share", "mb_s", "others_mb_s", "checks", "note", "suspect"), _W,
+              "this node's link carries a fraction (share) of the others' rate in link checks in a row: a straggler of the network"),
     EventSpec("straggler_cleared", (*RUN, "rank", "phase", "step", "time_s", "peers_median_s", "slower_x", "score", "steps_below"), _W,
               "a straggling rank keeps up again"),
     EventSpec("gpu_idle", (*RUN, "rank", "gpu", "util", "peers_util", "samples"), _W, "a rank's GPU idles while its peers work"),

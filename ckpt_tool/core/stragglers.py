@@ -28,6 +28,10 @@ checkpoint) moves no median. Detection bound: ``StragglerPolicy.bound_steps`` (8
 steps span 5 s; with shorter steps, the steps that fill 5 s plus 5), the one step a beat carries
 its timing late included. ``checkpoint`` is measured but not scored: rank 0 commits, so it is
 slower there by design.
+
+A slow *link* slows every rank's collectives alike and leaves the compute as it was, so no rank
+score shows it: ``slow_links`` compares the rates the nodes' watchdogs measure between each
+other (``supervise.peer_links``) instead.
 """
 
 from __future__ import annotations
@@ -293,3 +297,31 @@ class StragglerDetector:
                 )
             )
         return out
+
+
+# ----------------------------------------------------------------------------- links
+SLOW_LINK_FACTOR = 0.25  # a node whose links carry under this share of the others' rate is slow
+SLOW_LINK_CHECKS = 2  # ... in this many link checks in a row
+
+
+def slow_links(rates: Mapping[str, Mapping[str, float]], factor: float = SLOW_LINK_FACTOR) -> dict[str, float]:
+    """The nodes on a slow link, with their share of the others' rate, from one round of link
+    checks (``rates[a][b]``: bytes/s that node ``a`` sent to node ``b``'s watchdog). A node is
+    slow when the median rate of the transfers to and from it is under ``factor`` x the median of
+    the transfers between the other nodes: a slow link slows every rank's collectives alike, so
+    the ranks' compute cannot show it. Needs three nodes or more (with two, one link has two
+    ends and nothing to compare with)."""
+    nodes = sorted(set(rates) | {b for r in rates.values() for b in r})
+    if len(nodes) < 3:
+        return {}
+    pairs = [(a, b, v) for a, r in rates.items() for b, v in r.items() if a != b and v > 0]
+    out = {}
+    for x in nodes:
+        mine = [v for a, b, v in pairs if x in (a, b)]
+        others = [v for a, b, v in pairs if x not in (a, b)]
+        if not mine or not others:
+            continue
+        share = median(mine) / median(others)
+        if share < factor:
+            out[x] = round(share, 4)
+    return out

@@ -177,6 +177,24 @@ def read_probes(run_dir: Path, round_id: str) -> dict[str, str]:
     return out
 
 
+def write_links(run_dir: Path, node: str, round_id: str, rates: Mapping[str, float]) -> None:
+    """``links.NODE.json``: bytes/s this node's watchdog sent to each peer's (a link check). Best effort."""
+    record = {"node": node, "round": round_id, "time": time.time(), "rates": dict(rates)}
+    _write(run_dir / catalog.LINKS_PATTERN.format(node=node), record, durable=False)
+
+
+def read_links(run_dir: Path, round_id: str, since: float) -> dict[str, dict[str, float]]:
+    """Node -> {peer: bytes/s} from the link checks of round ``round_id`` written since ``since``."""
+    out = {}
+    for data in _each(run_dir, catalog.LINKS_PATTERN):
+        try:
+            if data.get("round") == round_id and float(data["time"]) >= since:
+                out[str(data["node"])] = {str(k): float(v) for k, v in data["rates"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out
+
+
 def write_rank_health(run_dir: Path, node: str, table: Mapping[str, Any]) -> None:
     """``rank_health.NODE.json``: this node's ranks' standing (``RankHealth.table``). Best effort."""
     _write(run_dir / catalog.RANK_HEALTH_PATTERN.format(node=node), table, durable=False)

@@ -22,7 +22,6 @@ import linecache
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -161,57 +160,6 @@ def request(run_dir: Path, expected: int, wait_s: float) -> tuple[Path, list[str
     if not texts:
         shutil.rmtree(hang_dir, ignore_errors=True)
     return hang_dir, texts
-
-
-# ----------------------------------------------------------------------------- reachability
-PROBE_TIMEOUT_S = 1.0
-
-
-def probe_listener() -> socket.socket:
-    """The watchdog's TCP listener that peers' probes connect to (any address, a free port, not blocking)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("0.0.0.0", 0))
-    sock.listen(64)
-    sock.setblocking(False)
-    return sock
-
-
-def probe_address(listener: socket.socket) -> str:
-    """``HOST:PORT`` where peers reach this node's listener (the host's name, as peers resolve it)."""
-    return f"{socket.gethostname()}:{listener.getsockname()[1]}"
-
-
-def answer_probes(listener: socket.socket) -> None:
-    """Accept and close every pending probe (a connect is the whole answer)."""
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            return
-        conn.close()
-
-
-def reach(peers: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, bool]:
-    """Whether each peer's listener (node -> ``HOST:PORT``) accepts a TCP connection within
-    ``timeout_s``, all tried at once."""
-    import concurrent.futures
-
-    def one(address: str) -> bool:
-        host, _, port = address.rpartition(":")
-        try:
-            with socket.create_connection((host, int(port)), timeout=timeout_s):
-                return True
-        except (OSError, ValueError):
-            return False
-
-    if not peers:
-        return {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(peers))) as pool:
-        results = dict(zip(peers, pool.map(one, peers.values()), strict=True))
-    return results
 
 
 def py_spy() -> str | None:

@@ -47,8 +47,9 @@ from ckpt_tool.core.supervision import Beat, CrashLoopBreaker, beat_of, find_han
 from ckpt_tool.core.timeouts import DurationLog, calibrate
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.store.store import newest_step
-from ckpt_tool.supervise import channel, round_end, stacks
+from ckpt_tool.supervise import channel, peer_links, round_end, stacks
 from ckpt_tool.supervise.gpu_monitor import open_reader
+from ckpt_tool.supervise.peer_links import LinkCheck, PeerLinks
 from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree
 from ckpt_tool.supervise.rank_reports import RankReports
 from ckpt_tool.supervise.rank_vitals import RankHealth
@@ -121,7 +122,8 @@ class Watchdog:
         self.stacks_dir = Path(tempfile.gettempdir())  # where the ranks' handlers dump (set by run)
         self.stacks_seen: str | None = None  # the last stacks request this node answered (its directory)
         self.stacks_polled = 0.0
-        self.probe: Any = None  # the TCP listener peers' reachability probes connect to (set by run)
+        self.links: PeerLinks | None = None  # the listener peers' probes and link checks connect to (set by run)
+        self.link_check: LinkCheck | None = None
         reader, self.no_gpu = open_reader() if cfg.gpu_monitor else (None, "off (--no-gpu-monitor)")
         self.health_view = RankHealth(cfg.run_dir, cfg.node, cfg.stragglers, reader, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
@@ -141,7 +143,8 @@ class Watchdog:
         sock_dir = Path(tempfile.mkdtemp(prefix="ckpt-run-"))  # node-local, private (0700)
         sock_path = sock_dir / "supervisor.sock"
         sock = channel.bind(sock_path)
-        self.probe = stacks.probe_listener()
+        self.links = PeerLinks()
+        self.link_check = LinkCheck(self.cfg.run_dir, self.cfg.node, self.cfg.round_id)
         self.stacks_dir = sock_dir / "stacks"
         self.stacks_seen = str((read_stacks_request(self.cfg.run_dir) or {}).get("dir"))  # not an old request
         env = rank_environment(self.cfg, dict(os.environ), sock_path, sock_dir / "warm")
@@ -167,7 +170,7 @@ class Watchdog:
             if self.pool is not None:
                 self.pool.close()
             self.health_view.close()
-            self.probe.close()
+            self.links.close()
             sock.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
             write_timeouts(self.cfg.run_dir, self.durations, self.timeouts())
@@ -175,9 +178,7 @@ class Watchdog:
 
     def _supervise(self, proc: subprocess.Popen, sock: Any) -> int:
         while True:
-            readable, _, _ = select.select([sock, self.probe] if self.probe else [sock], [], [], self.cfg.poll_s)
-            if self.probe is not None and self.probe in readable:
-                stacks.answer_probes(self.probe)
+            select.select([sock], [], [], self.cfg.poll_s)
             now = time.monotonic()
             for message in channel.receive_all(sock):
                 self._handle(message, now)
@@ -200,6 +201,9 @@ class Watchdog:
             if self.closed_at is not None and self.attempt not in self.judged and now - self.closed_at > JUDGE_AFTER_S:
                 self._judge_nodes(self.attempt)
             self._found(self.health_view.poll(now, {b.rank: self.local_ranks.get(b.pid, b.rank) for b in self.beats.values()}))
+            if self.link_check is not None:
+                training = bool(self.beats) and all(b.phase == "step" for b in self.beats.values()) and self.stop_at is None
+                self._found(self.link_check.poll(now, training))
             self._round_end(self.round.poll(now))
             ending = self._ending(now)
             if ending is not None:
@@ -295,7 +299,7 @@ class Watchdog:
                 self.attempt,
                 ranks,
                 self.cfg.round_id,
-                stacks.probe_address(self.probe) if self.probe else "",
+                self.links.address if self.links else "",
             )
         if beat.ckpt is not None and (self.newest_ckpt is None or beat.ckpt > self.newest_ckpt):
             self.newest_ckpt = beat.ckpt
@@ -430,10 +434,10 @@ class Watchdog:
 
     def _write_reach(self, hang_dir: Path) -> None:
         """Which other nodes of this round this node's watchdog reaches now (a TCP connect each,
-        ``stacks.PROBE_TIMEOUT_S`` at most): the network's evidence for the report."""
+        ``peer_links.PROBE_TIMEOUT_S`` at most): the network's evidence for the report."""
         peers = {n: a for n, a in read_probes(self.cfg.run_dir, self.cfg.round_id).items() if n != self.cfg.node}
         if peers:
-            write_reach(hang_dir, self.cfg.node, stacks.reach(peers))
+            write_reach(hang_dir, self.cfg.node, peer_links.reach(peers))
 
     def _answer_stacks_request(self, now: float) -> None:
         """Another node found a hang (or a user ran ``ckpt stacks``): write this node's ranks'
@@ -480,7 +484,7 @@ class Watchdog:
     def _found(self, found: list[tuple[str, dict[str, Any]]]) -> None:
         """Log what the rank health view found; a node that turns suspect ends the round after a checkpoint."""
         for name, data in found:
-            suspect = name == "gpu_error" or (name == "straggler" and self.cfg.straggler_suspect)
+            suspect = name == "gpu_error" or (name in ("straggler", "slow_link") and self.cfg.straggler_suspect)
             self.event(name, **data, **({"suspect": True} if suspect else {}))
             if suspect and self.round.over is None:
                 self._judge(checkpoint_first=True)

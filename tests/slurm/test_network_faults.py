@@ -73,3 +73,35 @@ def test_a_healthy_run_on_the_namespaced_cluster_names_nobody(netns, tmp_path, c
     assert "training finished" in job.output(), job.output()[-3000:]
     names = [e["event"] for e in read_events(job.run_dir)]
     assert not {"hang", "hang_report", "rank_exited", "straggler", "nodes_left_behind"} & set(names), names
+
+
+def slow(node: str, rate: str) -> None:
+    """``tc ... tbf`` on both ends of the node's link (this kernel has no netem)."""
+    for prefix in ([], ["ip", "netns", "exec", f"ckpt-{node}"]):
+        dev = "eth0" if prefix else f"ckpt-{node}"
+        subprocess.run(
+            [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kb", "latency", "100ms"], check=True
+        )
+
+
+def unslow(node: str) -> None:
+    for prefix in ([], ["ip", "netns", "exec", f"ckpt-{node}"]):
+        subprocess.run([*prefix, "tc", "qdisc", "del", "dev", "eth0" if prefix else f"ckpt-{node}", "root"], check=False)
+
+
+def test_a_rate_limited_node_is_a_straggler_of_the_network_not_a_hang(netns, tmp_path, cancel_jobs):
+    slow("n2", "8mbit")
+    try:
+        job = Job(tmp_path, *BATCH, submit_opts=THREE_NODES, steps=24)
+        cancel_jobs.append(job)
+        job.wait_done(timeout=400)
+    finally:
+        unslow("n2")
+    assert "training finished" in job.output(), job.output()[-3000:]
+    log = read_events(job.run_dir)
+    names = [e["event"] for e in log]
+    assert not {"hang", "hang_report", "rank_exited"} & set(names), names
+    [found] = [e for e in log if e["event"] == "slow_link"]
+    assert found["node"] == "n2" and found["share"] < 0.25, found
+    assert set(found["mb_s"]) == {"to n1", "to n3", "from n1", "from n3"} and set(found["others_mb_s"]) == {"n1->n3", "n3->n1"}, found
+    assert not [e for e in log if e["event"] == "straggler"], "the ranks' compute is not slower: no rank is named"

@@ -233,3 +233,17 @@ def test_the_peers_median_is_the_same_whether_computed_in_python_or_torch(world)
             assert got[q] == values[(len(values) - 1) // 2]
         else:
             assert q not in got
+
+
+def test_a_node_on_a_slow_link_is_named_with_its_share_of_the_others_rate():
+    from ckpt_tool.core.stragglers import slow_links
+
+    fast, slow = 400e6, 0.5e6  # bytes/s: the bridge, and a 4 Mbit/s link
+    rates = {"n1": {"n2": slow, "n3": fast}, "n2": {"n1": slow, "n3": slow}, "n3": {"n1": fast * 0.8, "n2": slow}}
+    assert slow_links(rates) == {"n2": round(slow / (fast * 0.9), 4)}
+    assert slow_links({"n1": {"n2": slow}, "n2": {"n1": slow}}) == {}  # two nodes: one link, two ends
+    noisy = {"n1": {"n2": fast * 0.4, "n3": fast}, "n2": {"n1": fast * 0.5, "n3": fast * 0.6}, "n3": {"n1": fast, "n2": fast * 0.7}}
+    assert slow_links(noisy) == {}  # a loaded machine's spread is not a slow link
+    failed = {"n1": {"n2": 0.0, "n3": fast}, "n3": {"n1": fast, "n2": 0.0}}
+    assert slow_links(failed) == {}  # failed transfers (0) are not rates: the hang report's business
+    assert slow_links({}) == {}
