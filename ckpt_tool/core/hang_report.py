@@ -296,7 +296,8 @@ def analyse(ranks: Iterable[RankStacks], world: int | None = None, reach: Mappin
 
     culprits: tuple[int, ...] = ()
     reason = ""
-    frozen = tuple(sorted(set(by) - spoke))
+    # a rank gone by the time it was asked (another node's watchdog ended the attempt) is not frozen
+    frozen = tuple(sorted(r for r in set(by) - spoke if by[r].state != "gone"))
     outside = tuple(sorted(answered - in_collective))
     if frozen and spoke:
         culprits, reason = frozen, "could not answer (frozen) while the others did"

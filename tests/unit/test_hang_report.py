@@ -170,3 +170,9 @@ def test_a_users_installed_package_is_the_users_code_torch_and_the_standard_libr
               Frame("/venv/lib/python3.11/site-packages/ckpt_tool/training/manager.py", 3, "maybe_save"), mine]  # fmt: skip
     assert user_frame(frames) == mine
     assert user_frame(frames[:3]) is None
+
+
+def test_a_rank_already_gone_when_asked_is_not_a_frozen_culprit():
+    gone = RankStacks(2, "n2", 102, 411, "step", 6.0, "gone", "", None, "could not answer in 2 s (state gone)")
+    report = analyse([rank(0, FAULTHANDLER_WAITING), rank(1, FAULTHANDLER_BUSY), gone], world=3)
+    assert report.culprits == (1,) and report.reason == "not inside the collective the others wait in"
