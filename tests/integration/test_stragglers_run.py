@@ -56,7 +56,8 @@ def test_a_normal_run_scored_for_seconds_names_no_straggler(supervised):
     were scored before the kill and after the restart (their windows full), and no straggler,
     idle GPU or GPU error is named. (The shorter runs of test_run_watchdog end before 5 s of
     steps: their windows never fill.)"""
-    s = supervised("--data-stall-at-step", "80", "--data-stall-s", "6", steps=200, save_every=10).start()
+    # 200 steps after the kill: at ~0.03-0.1 s a step, its window (5 s of steps) fills with room to spare
+    s = supervised("--data-stall-at-step", "80", "--data-stall-s", "6", steps=320, save_every=10).start()
     s.wait_for_step(120, timeout=180)
     before = read_rank_health(s.run_dir)
     assert [(r["rank"], r["node"]) for r in before] == [(0, node_name()), (1, node_name())], before  # scored in attempt 0
