@@ -32,7 +32,7 @@ The rules (they were the batch script's bash until #31):
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 # --------------------------------------------------------------------------- config and state
@@ -177,7 +177,11 @@ class Note:
 
 @dataclass(frozen=True)
 class ForwardStop:
-    """USR1 to the payload running now (``ckpt run`` under srun), if any: checkpoint and stop."""
+    """USR1 to the payload running now (``ckpt run`` under srun), if any: checkpoint and stop.
+    srun relays it to every node's ``ckpt run``, whose handler is not there until it has started
+    (USR1's default action kills, and one node killed at its start leaves the others waiting in
+    the rendezvous): the driver sends it once every node of the round is ready (``round_ready``),
+    or after ``STOP_HOLD_S`` whatever their state, or not at all when the payload ends first."""
 
 
 @dataclass(frozen=True)
@@ -457,6 +461,21 @@ class RunSpec:
     straggler_suspect: bool = False
 
 
+STOP_HOLD_S = 60.0  # the longest a stop waits for the round's ckpt runs to install their handlers
+
+
+def round_id(job_id: str, restart: int, round_: int) -> str:
+    """A round's id: torchrun's rendezvous id, and the ``round`` of every event its ``ckpt run`` logs."""
+    return f"{job_id}.{restart}.{round_}"
+
+
+def round_ready(events: Sequence[Mapping[str, object]], round_: str, num_nodes: int) -> bool:
+    """Whether ``num_nodes`` distinct nodes of round ``round_`` have logged ``start`` (each
+    ``ckpt run`` logs it once its USR1/TERM handler is in place)."""
+    started = {e.get("node") for e in events if e.get("event") == "start" and e.get("round") == round_}
+    return len(started) >= num_nodes
+
+
 def nnodes(min_nodes: int, num_nodes: int) -> str:
     """torchrun's --nnodes: an elastic range when fewer nodes may do (a lost agent is left out)."""
     return f"{min_nodes}:{num_nodes}" if min_nodes < num_nodes else str(num_nodes)
@@ -468,7 +487,7 @@ def srun_argv(
     """srun: one ``ckpt run`` per node (on ``nodelist`` when given: the active nodes, not the
     standbys), meeting at ``endpoint`` (the first node, a free port)."""
     run = [*spec.ckpt, "run", "--nproc-per-node", str(spec.nproc_per_node), "--nnodes", nnodes(spec.min_nodes, num_nodes)]
-    run += ["--rdzv-endpoint", endpoint, "--rdzv-id", f"{job_id}.{restart}.{round_}", "--max-restarts", str(spec.max_restarts)]
+    run += ["--rdzv-endpoint", endpoint, "--rdzv-id", round_id(job_id, restart, round_), "--max-restarts", str(spec.max_restarts)]
     run += ["--suspect-after", str(spec.suspect_after), *(["--straggler-suspect"] if spec.straggler_suspect else [])]
     run += ["--ckpt-dir", spec.ckpt_dir, "--run-dir", spec.run_dir, "--", *spec.command]
     n = str(num_nodes)

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 from ckpt_tool.core.node_ledger import CHECK_EVENT
 from ckpt_tool.slurm import chain, commands
 from ckpt_tool.slurm.chain import ChainConfig, ChainState, RunSpec
-from ckpt_tool.supervise.run_dir import note
+from ckpt_tool.supervise.run_dir import events_size, note, read_events_after
 
 SIGNALS = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM"}
 EXCLUDE_TRIES, EXCLUDE_PAUSE_S = 40, 0.5  # ~20 s of retries, within a requeued job's KillWait at most
@@ -113,6 +113,7 @@ class Job:
         )
         self._events: queue.SimpleQueue[chain.Event] = queue.SimpleQueue()
         self._payload: subprocess.Popen[bytes] | None = None
+        self._round: tuple[str, int, int] = ("", 0, 0)  # the payload's round: id, nodes, events.jsonl's size at its start
 
     def run(self) -> int:
         """Install the handlers, then decide and act until the chain says exit."""
@@ -170,12 +171,7 @@ class Job:
             except OSError as exc:
                 self.log(f"cannot write the event {action.event} to {self.run_dir}: {exc.strerror or exc}")
         elif isinstance(action, chain.ForwardStop):
-            payload = self._payload
-            if payload is not None and payload.returncode is None:
-                try:
-                    payload.send_signal(signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
+            self._forward_stop()
         elif isinstance(action, chain.AskSlurm):
             return chain.SlurmSaid(*commands.job_state_reason(self.job_id))
         elif isinstance(action, chain.AskNodes):
@@ -220,6 +216,7 @@ class Job:
         spares = f"; standing by: {','.join(standby)}" if standby else ""
         self.log(f"round {round_}: starting ckpt run on {n} node(s) ({nodelist}){spares}, rendezvous {endpoint}")
         argv = chain.srun_argv(self.spec, self.job_id, self.config.restart, round_, n, endpoint, active)
+        self._round = (chain.round_id(self.job_id, self.config.restart, round_), n, events_size(self.run_dir))
         try:
             payload = subprocess.Popen(argv, env=self.env)
         except OSError as exc:
@@ -232,6 +229,33 @@ class Job:
             return chain.RunExited(chain.exit_status(payload.wait()))
 
         self._in_thread(wait, chain.RunExited(1))
+
+    def _forward_stop(self) -> None:
+        """USR1 to the payload once every node's ``ckpt run`` of its round is ready (see
+        ``chain.ForwardStop``), from a thread: the main thread goes on deciding."""
+        payload, (round_, n, offset) = self._payload, self._round
+        if payload is None or payload.poll() is not None:
+            return
+
+        def when_ready() -> None:
+            seen: list[dict[str, Any]] = []
+            at, deadline = offset, time.monotonic() + chain.STOP_HOLD_S
+            while payload.poll() is None:
+                new, at = read_events_after(self.run_dir, at)
+                seen += new
+                if chain.round_ready(seen, round_, n):
+                    break
+                if time.monotonic() > deadline:
+                    self.log(f"not every node's ckpt run started within {chain.STOP_HOLD_S:.0f} s: asking them to stop all the same")
+                    break
+                time.sleep(0.2)
+            if payload.poll() is None:  # else it ended first: the chain hears its exit
+                try:
+                    payload.send_signal(signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+
+        threading.Thread(target=when_ready, daemon=True).start()
 
     def _check_nodes(self, nodes: list[str]) -> chain.Event:
         """The pre-flight check on every node at once; each result is logged and recorded."""

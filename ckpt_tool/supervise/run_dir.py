@@ -78,6 +78,28 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return load_events(run_dir)[0]
 
 
+def events_size(run_dir: Path) -> int:
+    """The size of ``events.jsonl`` in bytes (0 when absent): an offset for ``read_events_after``."""
+    try:
+        return (run_dir / EVENTS_NAME).stat().st_size
+    except OSError:
+        return 0
+
+
+def read_events_after(run_dir: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The events appended after byte ``offset``, and the offset to read from next time: a line
+    still being written (no newline yet) is left for the next read; torn lines are skipped. For a
+    watcher that polls (``ckpt job`` waiting for a round's nodes): it never rereads the whole log."""
+    try:
+        with open(run_dir / EVENTS_NAME, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return [], offset
+    whole = data[: data.rfind(b"\n") + 1]
+    return parse_records(whole.decode("utf-8", errors="replace").splitlines())[0], offset + len(whole)
+
+
 # ----------------------------------------------------------------------------- the JSON files
 
 

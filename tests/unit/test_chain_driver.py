@@ -41,9 +41,20 @@ FAKE = textwrap.dedent(
             while not (fake / "go").exists():
                 time.sleep(0.02)
             sys.exit(int(plan[4:]))
-        if plan == "wait":  # ckpt run with its handler: checkpoint (1 s) on USR1, exit 75
+        (fake / "payload_ready").touch()
+        if plan == "late":  # ckpt run still starting up (imports): USR1 now would kill it
+            time.sleep(1.5)
+        if plan in ("wait", "late"):  # ckpt run with its handler: checkpoint (1 s) on USR1, exit 75
             signal.signal(signal.SIGUSR1, lambda *a: (time.sleep(1), (fake / "checkpointed").touch(), sys.exit(75)))
-        (fake / "payload_ready").touch()  # "bare": no handler yet, USR1 kills it
+            run_dir, round_ = Path(args[args.index("--run-dir") + 1]), args[args.index("--rdzv-id") + 1]
+            nodes = [a.split("=", 1)[1] for a in args if a.startswith("--nodelist=")][0].split(",")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with open(run_dir / "events.jsonl", "a") as f:  # each node's ckpt run says so once its handler is in
+                for node in nodes:
+                    f.write(json.dumps({{"time": time.time(), "event": "start", "node": node, "round": round_}}) + "\\n")
+        if plan == "bare":  # a ckpt run that dies before its handler (an import error, a bad node)
+            time.sleep(2)
+            sys.exit(1)
         for _ in range(600):
             time.sleep(0.05)
         sys.exit(99)
@@ -204,12 +215,25 @@ def test_a_term_from_slurm_itself_checkpoints_and_requeues(fake, state, cause):
     assert dict(job.events())["requeue"]["reason"] == f"stopped by TERM ({cause}) after a checkpoint"
 
 
-def test_a_signal_before_ckpt_run_has_its_handler_still_requeues(fake):
+def test_a_stop_held_for_a_ckpt_run_that_dies_before_its_handler_still_requeues(fake):
     job = fake(srun_plan="bare").start()
     job.wait_for(lambda: (job.fake / "payload_ready").exists())
     job.signal(signal.SIGUSR1)
     assert job.wait() == 0
-    assert "ckpt run exited with 138" in job.output()  # killed by USR1 (128+10), as the shell said it
+    assert "ckpt run exited with 1" in job.output()  # it ended by itself; the stop was never sent, nor lost
+    assert job.chain_events() == ["job_start", "requeue"]
+
+
+def test_a_stop_that_comes_while_ckpt_run_starts_waits_for_its_handler(fake):
+    """USR1 as a round starts (CI saw it: one node's ckpt run killed by it, the others left in
+    the rendezvous for the init timeout): ckpt job holds it until every node's ckpt run has
+    logged its start, so the round checkpoints and requeues instead of dying."""
+    job = fake(srun_plan="late").start()
+    job.wait_for(lambda: (job.fake / "payload_ready").exists())
+    job.signal(signal.SIGUSR1)
+    assert job.wait() == 0
+    assert (job.fake / "checkpointed").exists()  # it got the stop after its handler, not before
+    assert "ckpt run exited with 75" in job.output()
     assert job.chain_events() == ["job_start", "requeue"]
 
 

@@ -34,6 +34,8 @@ from ckpt_tool.slurm.chain import (
     exit_status,
     nnodes,
     parse_resize_script,
+    round_id,
+    round_ready,
     srun_argv,
     step,
     stopped_by_slurm,
@@ -298,3 +300,15 @@ def test_the_rounds_command_line_names_the_active_nodes():
     spec = RunSpec(ckpt=("py",), ckpt_dir="/c", run_dir="/c/run", command=("t.py",), min_nodes=2)
     argv = srun_argv(spec, "41", 0, 1, 2, "10.0.0.1:2345", ["n1", "n3"])
     assert argv[:6] == ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=1", "--nodes=2", "--ntasks=2", "--nodelist=n1,n3"]
+
+
+def test_a_round_is_ready_once_each_of_its_nodes_logged_start():
+    """The stop waits for this: every node's ckpt run of this round has its handler in."""
+    rid = round_id("41", 1, 2)
+    assert rid == "41.1.2"
+    start = lambda node, rnd=rid: {"event": "start", "node": node, "round": rnd}  # noqa: E731
+    assert not round_ready([], rid, 2)
+    assert not round_ready([start("n1"), start("n1")], rid, 2)  # one node twice is one node
+    assert not round_ready([start("n1"), start("n2", "41.1.1")], rid, 2)  # the other start is of the round before
+    assert not round_ready([start("n1"), {"event": "ranks_started", "node": "n2", "round": rid}], rid, 2)
+    assert round_ready([start("n2"), {"event": "hang"}, start("n1")], rid, 2)

@@ -134,3 +134,21 @@ def test_the_newest_rounds_ranks_leave_out_a_node_left_behind_and_probes_are_per
     assert run_dir.read_ranks(tmp_path, newest_round=True) == {0: 100, 1: 301}
     assert run_dir.read_probes(tmp_path, "7.0.1") == {"n1": "n1:4001", "n3": "n3:4002"}
     assert run_dir.read_probes(tmp_path, "7.0.0") == {"n2": "n2:4000"}
+
+
+def test_events_are_read_after_an_offset_and_a_half_written_line_waits(tmp_path):
+    """ckpt job polls the log while a round starts: only what is new, never a line cut in half."""
+    run_dir.note(tmp_path, "start", node="n1", round="1.0.0")
+    at = run_dir.events_size(tmp_path)
+    assert run_dir.read_events_after(tmp_path, at) == ([], at)
+    run_dir.note(tmp_path, "start", node="n2", round="1.0.0")
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"event": "start", "node": "n3"')  # its writer is still at it
+    new, at2 = run_dir.read_events_after(tmp_path, at)
+    assert [(e["event"], e["node"]) for e in new] == [("start", "n2")]
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write(', "round": "1.0.0"}\ngarbage\n')
+    new, at3 = run_dir.read_events_after(tmp_path, at2)
+    assert [e["node"] for e in new] == ["n3"] and at3 == run_dir.events_size(tmp_path)
+    assert run_dir.read_events_after(tmp_path / "absent", 0) == ([], 0)
+    assert run_dir.events_size(tmp_path / "absent") == 0
