@@ -27,6 +27,9 @@ _EXPORTS = {
     "Mesh": "ckpt_tool.core.mesh",
     "from_device_mesh": "ckpt_tool.training.mesh",
     "clip_grad_norm": "ckpt_tool.training.grad_norm",
+    "local_norm": "ckpt_tool.training.grad_norm",
+    "AnomalyPolicy": "ckpt_tool.core.anomaly",
+    "Verdict": "ckpt_tool.core.anomaly",
     "GlobalSampler": "ckpt_tool.training.sampler",
     "micro_batch_indices": "ckpt_tool.training.sampler",
 }
@@ -46,6 +49,9 @@ __all__ = [
     "Mesh",
     "from_device_mesh",
     "clip_grad_norm",
+    "local_norm",
+    "AnomalyPolicy",
+    "Verdict",
     "GlobalSampler",
     "micro_batch_indices",
 ]

@@ -25,13 +25,16 @@ class ExitCode:
     # Saves failed (disk full, read-only, permissions, I/O errors): max_failed_saves in a row, or the
     # final save; the previous checkpoint is intact. Not restarted: the same disk fails the same way.
     SAVE_FAILED = 78
+    # A wrong number (NaN, infinity) the replay from the checkpoint reproduced (the data or the model), a
+    # second anomaly in one checkpoint interval, or anomaly mode "stop". Not restarted: it would recur.
+    ANOMALY = 79
     # `ckpt verify`: nothing to verify, the checkpoint was saved without a probe (not damage: `ckpt validate` applies)
     NOTHING_TO_VERIFY = 5
 
 
 # Failures a restart cannot fix: the same command line, configuration or checkpoint would fail
 # again. `ckpt run` stops at once when a rank reports one (it does not restart it).
-RESTART_CANNOT_HELP = frozenset({ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.CONFLICT, ExitCode.SAVE_FAILED})
+RESTART_CANNOT_HELP = frozenset({ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.CONFLICT, ExitCode.SAVE_FAILED, ExitCode.ANOMALY})
 
 
 def raised_at(exc: BaseException) -> str:

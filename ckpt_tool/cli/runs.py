@@ -54,6 +54,7 @@ def status(
     as_json: bool = JsonTextOpt,
 ) -> None:
     """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
+    from ckpt_tool.core.history import last_anomaly
     from ckpt_tool.slurm.commands import job_state
     from ckpt_tool.store.store import CheckpointStore
     from ckpt_tool.supervise.run_dir import load_events
@@ -96,6 +97,7 @@ def status(
     report["last_hang"] = (
         {k: hangs[-1].get(k) for k in ("time", "summary", "culprits", "culprit_nodes", "attributed", "stacks")} if hangs else None
     )
+    report["last_anomaly"] = last_anomaly(events)
     report["last_events"] = events[-8:]
     report["notes"] = notes
     if as_json:
@@ -119,6 +121,11 @@ def status(
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["time"]))
         out.print(f"last hang ({when}): {escape(str(h['summary']))}")
         out.print(f"  stacks: {escape(str(h['stacks']))}  (every rank's; `ckpt stacks {escape(str(run_dir))}` asks a live job again)")
+    if report["last_anomaly"]:
+        a = report["last_anomaly"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["time"]))
+        out.print(f"last wrong value ({when}): {escape(str(a['message']))}")
+        out.print(f"  values: {escape(str(run_dir / 'metrics'))}/rank_R.jsonl  (each rank's, a line a step)")
     _print_roster(report["health"])
     _print_health(report["health"])
     _print_ranks(report["ranks"])

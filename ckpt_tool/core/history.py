@@ -36,6 +36,7 @@ MARKS: Mapping[str, tuple[str, str]] = {
     "straggler": ("straggler", "straggler: rank {rank}"),
     "slow_link": ("straggler", "slow link: {node}"),
     "gpu_error": ("failure", "GPU error: rank {rank}"),
+    "anomaly": ("failure", "wrong value: rank {rank}"),
 }
 KINDS = ("checkpoint", "failure", "requeue", "rollback", "shrink", "replace", "straggler")
 
@@ -188,7 +189,26 @@ SENTENCES: Mapping[str, tuple[str, tuple[str, ...]]] = {
         "node check on {node}: {result} (exit {exit_code}, {seconds} s): {detail}",
         ("node", "result", "exit_code", "seconds", "detail"),
     ),
+    "anomaly": ("{why}", ("why",)),
+    "anomaly_replayed": ("{message}", ("message",)),
+    "silent_fault": ("rank {rank} computed a wrong value at step {step}; its replay: {differences}", ("rank", "step", "differences")),
 }
+
+# the events of a wrong value, newest last: ``last_anomaly`` says the newest
+ANOMALY_EVENTS = ("anomaly", "anomaly_replayed")
+
+
+def last_anomaly(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The newest wrong value in words (``ckpt status``): the replay's verdict when it came, else
+    the finding and what it led to (warn, stop, or a replay still under way); None: none yet."""
+    found = [e for e in events if e.get("event") in ANOMALY_EVENTS]
+    if not found:
+        return None
+    e = found[-1]
+    if e["event"] == "anomaly_replayed":
+        return {"time": e.get("time"), "verdict": e.get("verdict"), "ranks": e.get("ranks"), "step": e.get("step"), "message": e.get("message")}
+    return {"time": e.get("time"), "verdict": None, "ranks": [e.get("rank")], "step": e.get("step"), "message": e.get("why")}
+
 
 SKIPPED_FIELDS = ("time", "event", "source", "argv", "run_id")
 

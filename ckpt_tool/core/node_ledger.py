@@ -7,6 +7,9 @@ the watchdog of each node with the node's name. A rank's exit has a cause:
 - ``crashed``: an exception of its own (``classify_crash`` says it is not a collective failing
   because a peer died), ``killed``: it vanished without a word (SIGKILL, a segfault, the OOM
   killer), ``hung``: the watchdog's culprit of a hang. These *blame* the rank's node;
+- ``corrupted``: the rank computed a value its replay from the checkpoint does not reproduce
+  (``silent_fault``: a transient hardware fault, ``core.anomaly``). It blames the rank's node too;
+  a rank that left to replay (cause ``replay``) is nobody's failure;
 - ``peer_failure``: a collective failed because a peer went away (gloo "connection closed by
   peer", NCCL aborts), ``terminated``: torchrun stopped it because another rank failed. These
   are victims, not culprits.
@@ -40,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-BLAMING_CAUSES = frozenset({"crashed", "killed", "hung"})
+BLAMING_CAUSES = frozenset({"crashed", "killed", "hung", "corrupted"})
 VICTIM_CAUSES = frozenset({"peer_failure", "terminated"})
 DEFAULT_SUSPECT_AFTER = 2
 LEAVE_EVENT = "nodes_left_behind"  # logged by `ckpt nodes` when it tells the script to shrink, replace or requeue
@@ -161,6 +164,11 @@ def _blame(e: Mapping[str, Any]) -> tuple[str, str] | None:
     """(cause, reason) when an event blames its node, else None."""
     if e.get("event") == "rank_exited" and e.get("cause") in BLAMING_CAUSES:
         return str(e["cause"]), f"rank {e.get('rank')} (local {e.get('local_rank')}) {e.get('cause')}: {e.get('reason', '')}".rstrip(": ")
+    if e.get("event") == "silent_fault":
+        return (
+            "corrupted",
+            f"rank {e.get('rank')} computed a value its replay does not reproduce at step {e.get('step')}: {e.get('differences', '')}",
+        )
     if e.get("event") == "hang" and e.get("culprit"):
         return "hung", f"rank {e.get('rank')} (local {e.get('local_rank')}) hung in {e.get('phase')} at step {e.get('step')}"
     return None

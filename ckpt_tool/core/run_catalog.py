@@ -37,6 +37,9 @@ LINKS_PATTERN = "links.{node}.json"
 STACKS_REQUEST_NAME = "stacks_request.json"
 HANGS_DIR = "hangs"
 HANG_REPORT_NAME = "report.json"  # in hangs/<id>/, beside each rank's rank_R.txt
+ANOMALY_NAME = "anomaly.json"
+METRICS_DIR = "metrics"
+METRICS_PATTERN = "rank_{rank}.jsonl"  # in metrics/
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ FILES: tuple[RunFile, ...] = (
     RunFile(f"{HANGS_DIR}/<id>/", 1, "ckpt run (each node its ranks' rank_R.txt; report.json), ckpt stacks", "ckpt status, ckpt history, people",
             "one hang or request: each rank's Python stacks (all threads), each node's reach.NODE.json (the peers it reached) and report.json"),
     RunFile(HANG_REPORT_NAME, 1, "ckpt run, ckpt stacks", "ckpt status, ckpt stacks", "in hangs/<id>/: the culprit(s), the victims, every rank's verdict"),
+    RunFile(ANOMALY_NAME, 1, "the training (rank 0, at a wrong number and at the replay's verdict)", "every rank at its start, ckpt status",
+            "the last anomaly: replaying (the step, the checkpoint it replays from, every rank's findings) or done (the verdict)"),
+    RunFile(f"{METRICS_DIR}/{METRICS_PATTERN}", 1, "the training (each rank its own, every step it gives metrics)",
+            "the training (a replay's reference, the spike window at a restart), people",
+            "one JSON line per step: {step, values} as the rank gave them (NaN and Infinity as Python's json writes them)"),
 )  # fmt: skip
 _FILE_BY_NAME = {f.name: f for f in FILES}
 
@@ -80,6 +88,8 @@ def run_file(name: str) -> RunFile:
     """The spec of a run file by its name (``ranks.n1.json`` finds ``ranks.{node}.json``)."""
     if name in _FILE_BY_NAME:
         return _FILE_BY_NAME[name]
+    if name.startswith(f"{METRICS_DIR}/rank_") and name.endswith(".jsonl"):
+        return _FILE_BY_NAME[f"{METRICS_DIR}/{METRICS_PATTERN}"]
     for pattern in (RANKS_PATTERN, RANK_HEALTH_PATTERN, LINKS_PATTERN):
         head, tail = pattern.split("{node}")
         if name.startswith(head) and name.endswith(tail):
@@ -133,6 +143,7 @@ class EventSpec:
 
 _W = "ckpt run"
 _S = "ckpt job (the batch script's chain)"
+_T = "the training (CheckpointManager), logged by ckpt run"
 RUN_EVENTS: tuple[EventSpec, ...] = (
     # ckpt run: the watchdog
     EventSpec("start", (*RUN, "argv", "timeouts", "gpu_monitor"), _W, "ckpt run started torchrun on this node"),
@@ -169,6 +180,12 @@ RUN_EVENTS: tuple[EventSpec, ...] = (
     EventSpec("gpu_idle", (*RUN, "rank", "gpu", "util", "peers_util", "samples"), _W, "a rank's GPU idles while its peers work"),
     EventSpec("gpu_error", (*RUN, "rank", "gpu", "xids", "ecc_uncorrected_new", "suspect"), _W,
               "a GPU reported an uncorrected ECC error or a critical XID: its node is suspect"),
+    EventSpec("anomaly", (*RUN, "rank", "step", "field", "value", "kind", "threshold", "action", "why"), _T,
+              "a rank's value was wrong (NaN, infinite, a spike above median + k x MAD): replay, stop or warn (action)"),
+    EventSpec("anomaly_replayed", (*RUN, "verdict", "ranks", "step", "differs_at", "action", "differences", "anomalies", "message"), _T,
+              "the replay's verdict: transient (it differs: a hardware fault; ranks named) or reproducible (the data or the model)"),
+    EventSpec("silent_fault", (*RUN, "rank", "step", "differences"), _T,
+              "this rank computed a value its replay does not reproduce (a transient hardware fault): its node is charged a failure"),
     EventSpec("spares_started", (*RUN, "count"), _W, "spare rank processes are being pre-warmed"),
     EventSpec("spares_ready", (*RUN, "count", "seconds"), _W, "the spares have imported torch and wait"),
     EventSpec("warm_off", (*RUN, "reason", "note"), _W, "no spares from now on (the spare maker failed or was unsafe): ranks start cold"),

@@ -133,7 +133,8 @@ def _running(p: psutil.Process) -> bool:
 
 class RecipeJob:
     """One launch of the recipe in ``root`` (``ckpt/``, ``metrics.jsonl``, ``run/``, ``log.txt``),
-    under ``ckpt run`` (``supervised``) or plain torchrun, in its own session."""
+    under ``ckpt run`` (``supervised``) or plain torchrun, in its own session; ``module``: the
+    recipe (the GPT one by default, with ``FAST_ARGS``)."""
 
     def __init__(
         self,
@@ -145,12 +146,16 @@ class RecipeJob:
         supervised: bool = True,
         run_opts: Sequence[str] = (),
         nproc: int = 2,
+        module: str = RECIPE,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.supervised = root, supervised
         self.ckpt, self.metrics, self.run_dir, self.log = root / "ckpt", root / "metrics.jsonl", root / "run", root / "log.txt"
-        args = recipe_args(self.ckpt, self.metrics, steps, save_every, *FAST_ARGS, *extra)
-        self.argv = ckpt_run_command(nproc, self.run_dir, args, run_opts) if supervised else torchrun_command(nproc, args)
+        fast = FAST_ARGS if module == RECIPE else ()  # the GPT recipe's small sizes
+        args = recipe_args(self.ckpt, self.metrics, steps, save_every, *fast, *extra)
+        self.argv = (
+            ckpt_run_command(nproc, self.run_dir, args, run_opts, module) if supervised else torchrun_command(nproc, args, module)
+        )
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
 

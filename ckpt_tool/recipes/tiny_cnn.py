@@ -33,12 +33,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ckpt_tool.core.anomaly import AnomalyPolicy
 from ckpt_tool.core.batch import BatchRequest
 from ckpt_tool.errors import CkptError
 from ckpt_tool.recipes import device as devices
 from ckpt_tool.recipes.data import GlobalSampler, micro_batch_indices
-from ckpt_tool.recipes.faults import before_commit_hook, crash_now
+from ckpt_tool.recipes.faults import (
+    add_wrong_number_options,
+    before_commit_hook,
+    corrupt_gradient_once,
+    crash_now,
+    poison,
+    skew_replica_once,
+)
 from ckpt_tool.training.config import CheckpointConfig
+from ckpt_tool.training.grad_norm import local_norm
 from ckpt_tool.training.manager import CheckpointManager
 from ckpt_tool.training.probe import ProbeSpec
 
@@ -113,6 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--crash-in-save-at", type=int, help="rank 0 dies with SIGKILL inside this step's save, its files written but not committed, once"
     )
+    add_wrong_number_options(p)
     args = p.parse_args(argv)
     devices.resolve(p, args)  # --device cuda without CUDA: exit 2 here, before anything starts
     return args
@@ -161,6 +171,8 @@ def train(args: argparse.Namespace, rank: int, world: int, distributed: bool) ->
             args.ckpt_dir,
             save_every=args.save_every,
             async_save=args.async_save,
+            anomaly=AnomalyPolicy(mode=args.anomaly, window=args.anomaly_window),
+            replica_check_every=args.replica_check_every,
             entry_point=ENTRY_POINT,
             entry_kwargs={"width": args.width, "dropout": args.dropout},
         ),
@@ -189,14 +201,21 @@ def train(args: argparse.Namespace, rank: int, world: int, distributed: bool) ->
                 last = m == batch.grad_accum - 1
                 sync = model.no_sync() if distributed and not last else contextlib.nullcontext()  # type: ignore[operator]
                 with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
-                    loss = ce_loss(model, data) / batch.grad_accum
+                    loss = poison(args, ce_loss(model, data) / batch.grad_accum, rank, step)
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
             scaler.unscale_(optimizer)
+            corrupt_gradient_once(args, model, rank, step)
+            # this rank's own values for the checkpoint manager's checks (before any all-reduce)
+            own = {"loss": float(loss_sum), "grad_norm": float(local_norm(p.grad for p in model.parameters() if p.grad is not None))}
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             lr = optimizer.param_groups[0]["lr"]
+            scale = scaler.get_scale()
             scaler.step(optimizer)
             scaler.update()
+            if scaler.get_scale() < scale:  # an fp16 overflow the scaler skipped: an infinite norm is its business
+                del own["grad_norm"]
+            skew_replica_once(args, model, rank, world, step)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if distributed:
@@ -216,7 +235,7 @@ def train(args: argparse.Namespace, rank: int, world: int, distributed: bool) ->
                 }
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
-            manager.maybe_save(step)
+            manager.maybe_save(step, metrics=own)
         manager.close()
     finally:
         if metrics is not None:

@@ -29,16 +29,29 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from ckpt_tool.core.anomaly import AnomalyPolicy
 from ckpt_tool.core.batch import BatchRequest
 from ckpt_tool.core.retention import RetentionPolicy
 from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.recipes import device as devices
 from ckpt_tool.recipes.data import Corpus, GlobalSampler, micro_batch_indices, probe_batch
-from ckpt_tool.recipes.faults import before_commit_hook, crash_now, hang_once, next_faulty_node, node_fault, slow_compute, stall_once
+from ckpt_tool.recipes.faults import (
+    add_wrong_number_options,
+    before_commit_hook,
+    corrupt_gradient_once,
+    crash_now,
+    hang_once,
+    next_faulty_node,
+    node_fault,
+    poison,
+    skew_replica_once,
+    slow_compute,
+    stall_once,
+)
 from ckpt_tool.recipes.gpt_model import GPTConfig, TinyGPT, lm_loss, shard_model
 from ckpt_tool.training.config import CheckpointConfig
 from ckpt_tool.training.distributed import init_distributed
-from ckpt_tool.training.grad_norm import clip_grad_norm
+from ckpt_tool.training.grad_norm import clip_grad_norm, local_norm
 from ckpt_tool.training.heartbeat import heartbeat
 from ckpt_tool.training.manager import CheckpointManager
 from ckpt_tool.training.mesh import init_dp_tp_mesh, run_mesh
@@ -135,6 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, help="fault injection: this rank computes --slow-ms longer every step (a straggler)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="with --slow-rank: extra compute per step, in ms (CPU kept busy)")
     p.add_argument("--slow-from-step", type=int, default=1, help="with --slow-rank: the first slow step")
+    add_wrong_number_options(p)
     p.add_argument("--log-samples", type=Path, help="test hook: each rank appends the sample indices of every step to PATH.rankR.jsonl")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -208,6 +222,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             local_replicas=args.local_replicas,
             retention=RetentionPolicy(args.keep_last, args.keep_every),
             max_failed_saves=args.max_failed_saves,
+            anomaly=AnomalyPolicy(mode=args.anomaly, window=args.anomaly_window),
+            replica_check_every=args.replica_check_every,
             entry_point=ENTRY_POINT,
             entry_kwargs={"seq_len": c.seq_len, "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head, "vocab": c.vocab},
         ),
@@ -258,12 +274,17 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 slow_compute(args.slow_ms / 1000)
             loss_sum = torch.zeros((), device=device)
             for data in micro_batches:
-                loss = lm_loss(model, data) / batch.grad_accum
+                loss = poison(args, lm_loss(model, data) / batch.grad_accum, rank, step)
                 loss.backward()
                 loss_sum += loss.detach()
+            corrupt_gradient_once(args, model, rank, step)
+            # this rank's own values, for the checkpoint manager's checks: its loss before the
+            # all-reduce, the norm of its gradient shards (a wrong value on one rank is its own)
+            own = {"loss": float(loss_sum), "grad_norm": float(local_norm(p.grad for p in model.parameters() if p.grad is not None))}
             grad_norm = clip_grad_norm(model.parameters(), 1.0)  # parameters on two meshes under tensor parallel
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
+            skew_replica_once(args, model, rank, world, step)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             dist.all_reduce(loss_sum)
@@ -274,7 +295,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
                 line = {"step": step, "loss": float(loss_sum) / world, "lr": float(lr), "grad_norm": float(grad_norm)}
                 metrics.write(json.dumps(line) + "\n")
                 metrics.flush()
-            manager.maybe_save(step, extra=counters)
+            manager.maybe_save(step, extra=counters, metrics=own)
         manager.close()
     finally:
         if metrics is not None:

@@ -1,6 +1,8 @@
 """What the ranks of a node tell their watchdog besides beats: a crash (classified: its own
 failure or a collective that failed because a peer died), a SIGTERM, a clean exit, an error a
-restart cannot fix, and a stop after a checkpoint."""
+restart cannot fix, a stop after a checkpoint, and a departure to replay from a checkpoint
+(cause ``replay``: it blames nobody). The training's own events (``LOGGED``: a wrong value, a
+replay's verdict) are logged by the watchdog as they come."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from typing import Any
 from ckpt_tool.core.node_ledger import classify_crash
 from ckpt_tool.errors import RESTART_CANNOT_HELP
 
-REPORTS = frozenset({"stopped", "exiting", "crashed", "terminated", "fatal"})
+REPORTS = frozenset({"stopped", "exiting", "crashed", "terminated", "fatal", "replaying"})
+# What the training tells that the watchdog logs as it is (with its node, round and attempt).
+LOGGED = frozenset({"anomaly", "anomaly_replayed", "silent_fault"})
 
 
 @dataclass
@@ -43,6 +47,11 @@ class RankReports:
             self.said[pid] = (cause, f"{m.get('error', '')}: {m.get('message', '')}"[:300])
         elif event == "terminated":
             self.said.setdefault(pid, ("terminated", "SIGTERM"))
+        elif event == "replaying":  # it leaves to replay from a checkpoint: nobody's failure
+            self.said[pid] = (
+                "replay",
+                f"left to replay from checkpoint {m.get('from_step')} up to step {m.get('step')} (a wrong value there)",
+            )
         else:
             code = m.get("exit_code")
             if self.fatal is None and isinstance(code, int) and code in RESTART_CANNOT_HELP:
@@ -50,6 +59,7 @@ class RankReports:
         return True
 
     def ended_well(self, pid: int) -> bool:
-        """A normal exit, or a stop on request that ended well (not a crash to report)."""
+        """A normal exit, a stop on request that ended well, or a departure to replay from a
+        checkpoint (not a crash to report)."""
         said = self.said.get(pid)
-        return pid in self.exited_cleanly and (said is None or said[0] == "terminated")
+        return said is not None and said[0] == "replay" or pid in self.exited_cleanly and (said is None or said[0] == "terminated")

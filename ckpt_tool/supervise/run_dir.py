@@ -9,6 +9,8 @@ Every file of it (``core.run_catalog.FILES``) is read and written here and nowhe
   replaced atomically and fsynced (``store.durable.atomic_write``);
 - ``stacks_request.json`` asks every node's watchdog for its ranks' stacks, ``hangs/<id>/``
   holds them (``rank_R.txt``, written by ``supervise.stacks``) and ``report.json``;
+- ``anomaly.json``: the last wrong number and its replay (``write_anomaly``/``read_anomaly``);
+  ``metrics/rank_R.jsonl``: each rank's values, a line a step (``MetricsRecord``, ``recent_metrics``);
 - ``ranks.NODE.json``, ``rank_health.NODE.json``: rewritten every few seconds, replaced
   atomically without an fsync (``replace_quietly``: they inform, nothing depends on them, and an
   fsync per write on a shared filesystem costs more than they are worth).
@@ -330,3 +332,82 @@ def read_rank_stacks(hang_dir: Path) -> list[str]:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "node"
+
+
+# ----------------------------------------------------------------------------- anomaly.json and metrics/
+
+
+def write_anomaly(run_dir: Path, record: Mapping[str, Any]) -> None:
+    """``anomaly.json``: the last anomaly, ``replaying`` or ``done`` (fsynced: the restarted ranks read it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write(run_dir / catalog.ANOMALY_NAME, {"time": time.time(), **record})
+
+
+def read_anomaly(run_dir: Path) -> dict[str, Any] | None:
+    """``anomaly.json`` as written, or None (none yet, or torn)."""
+    return _read(run_dir / catalog.ANOMALY_NAME)
+
+
+def metrics_path(run_dir: Path, rank: int) -> Path:
+    """``metrics/rank_R.jsonl`` of ``rank``."""
+    return run_dir / catalog.METRICS_DIR / catalog.METRICS_PATTERN.format(rank=rank)
+
+
+class MetricsRecord:
+    """One rank's ``metrics/rank_R.jsonl``, appended a line a step (buffered: ``flush`` at a save, a
+    replay and the end). A directory that cannot be written turns the record off, with a warning
+    from the caller: the training goes on without it."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.path = metrics_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def append(self, step: int, values: Mapping[str, float]) -> None:
+        """One line: the step and the rank's values (json writes floats with repr: exact)."""
+        self._f.write(json.dumps({"step": step, "values": dict(values)}) + "\n")
+
+    def flush(self) -> None:
+        """Hand the buffered lines to the file system."""
+        self._f.flush()
+
+    def close(self) -> None:
+        """Flush and close."""
+        self._f.close()
+
+
+_TAIL_CHUNK = 1 << 16
+
+
+def recent_metrics(run_dir: Path, rank: int, after: int, until: int | None = None) -> dict[int, dict[str, float]]:
+    """``rank``'s recorded values of the steps after ``after`` (and up to ``until``), the newest line
+    of each step (a restart appends steps again), read from the end of the file back to a line at
+    or before ``after``: a week of steps is not read at every restart. A torn line is skipped."""
+    path = metrics_path(run_dir, rank)
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return {}
+    out: dict[int, dict[str, float]] = {}
+    with f:
+        end = f.seek(0, 2)
+        pos, rest, reached = end, b"", False
+        while pos > 0 and not reached:
+            start = max(0, pos - _TAIL_CHUNK)
+            f.seek(start)
+            block = f.read(pos - start) + rest
+            pos = start
+            lines = block.split(b"\n")
+            rest = lines.pop(0) if pos > 0 else b""  # a line cut by the chunk's start: read with the next chunk
+            for line in reversed(lines):
+                try:
+                    d = json.loads(line)
+                    step, values = int(d["step"]), {str(k): float(v) for k, v in d["values"].items()}
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue
+                if step <= after:
+                    reached = True
+                    break
+                if (until is None or step <= until) and step not in out:
+                    out[step] = values
+    return out

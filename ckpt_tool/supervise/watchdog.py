@@ -51,7 +51,7 @@ from ckpt_tool.supervise import channel, peer_links, round_end, stacks
 from ckpt_tool.supervise.gpu_monitor import open_reader
 from ckpt_tool.supervise.peer_links import LinkCheck, PeerLinks
 from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree
-from ckpt_tool.supervise.rank_reports import RankReports
+from ckpt_tool.supervise.rank_reports import LOGGED, RankReports
 from ckpt_tool.supervise.rank_vitals import RankHealth
 from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
 from ckpt_tool.supervise.run_dir import (
@@ -104,6 +104,7 @@ class Watchdog:
         self.gone: set[int] = set()  # rank pids known dead (killed by us or seen gone)
         self.earlier: set[int] = set()  # rank pids of the attempts before this one (survivors die late)
         self.failures_counted: set[int] = set()  # attempts whose failure the breaker has seen
+        self.replays: set[int] = set()  # attempts whose ranks left to replay from a checkpoint (a wrong value): no failure
         self.resumed_logged: set[int] = set()  # attempts whose first training step was logged
         self.closed_attempts: set[int] = set()  # attempts that lost a rank: no hang judging
         self.breaker = CrashLoopBreaker(cfg.crash_loop)
@@ -273,6 +274,11 @@ class Watchdog:
     def _handle(self, m: dict[str, Any], now: float) -> None:
         if not isinstance(m.get("rank"), int) or not isinstance(m.get("pid"), int):
             return
+        if m.get("event") in LOGGED:
+            self.event(str(m["event"]), **{k: v for k, v in m.items() if k not in ("event", "pid", "time", "node", "round")})
+            return
+        if m.get("event") == "replaying":
+            self.replays.add(self.attempt)
         if self.reports.take(m, stop_asked=self.stop_at is not None):
             return
         beat = beat_of(m, now, self.attempt)
@@ -319,7 +325,7 @@ class Watchdog:
             self.local_ranks[beat.pid] = m["local_rank"]
 
     def _next_attempt(self, torchrun_attempt: int) -> None:
-        if self.attempt not in self.failures_counted:
+        if self.attempt not in self.failures_counted and self.attempt not in self.replays:
             self._failure()  # torchrun restarted the group after a failure it saw
         self._log_deaths(self.closing)
         self.attempt, self.torchrun_attempt = self.attempt + 1, torchrun_attempt

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ckpt_tool.core.anomaly import AnomalyPolicy
 from ckpt_tool.core.retention import RetentionPolicy
 
 DEFAULT_MAX_FAILED_SAVES = 3  # failed saves in a row that stop a run (each costs an interval without a checkpoint)
@@ -64,6 +65,21 @@ class CheckpointConfig:
         local_replicas: how many other nodes keep a copy of each rank's local checkpoint.
         local_keep: local steps kept per rank (older ones, and any not newer than the newest
             shared checkpoint, are deleted).
+        anomaly: what a wrong value among the ``metrics`` given to ``maybe_save`` leads to (a NaN,
+            an infinity, a spike above median + k x MAD of the last ``window`` values): ``"replay"``
+            (default; under ``ckpt run``: back to the newest checkpoint, re-run the steps up to it
+            and compare bit for bit: a transient hardware fault names its rank and training goes on
+            from the replay; a reproducible NaN stops with exit 79), ``"stop"`` (exit 79 at once),
+            ``"warn"`` (an event, training goes on); or a ``core.anomaly.AnomalyPolicy`` for the
+            window and k. Nothing is checked for a run that gives no metrics.
+        replica_check_every: the replicas of the model's replicated parameters (DDP, HSDP's
+            ``dp_replicate``, what tensor parallel leaves whole) are compared before every save,
+            so a checkpoint never holds replicas that disagree (a silent corruption); a positive
+            N compares them every N steps too, 0 never. A disagreement is a wrong value like a
+            NaN (``anomaly``). One small all-gather per check; nothing on one rank or plain FSDP.
+        on_reproducible_anomaly: called on every rank with the ``Verdict`` when a replay reproduced
+            a spike (a NaN always stops): return ``"stop"`` to stop (exit 79), anything else goes
+            on (the hook may skip data or lower the learning rate itself).
 
     Raises:
         ValueError: a value out of range (the message names it).
@@ -90,8 +106,21 @@ class CheckpointConfig:
     local_dir: Path | str | None = None
     local_replicas: int = 1
     local_keep: int = 2
+    anomaly: AnomalyPolicy | str = "replay"
+    replica_check_every: int | None = None
+    on_reproducible_anomaly: Any = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.anomaly, str):
+            object.__setattr__(self, "anomaly", AnomalyPolicy(mode=self.anomaly))  # ValueError names the modes
+        elif not isinstance(self.anomaly, AnomalyPolicy):
+            raise ValueError(f"anomaly must be 'replay', 'stop', 'warn' or an AnomalyPolicy, got {self.anomaly!r}")
+        if self.replica_check_every is not None and (not isinstance(self.replica_check_every, int) or self.replica_check_every < 0):
+            raise ValueError(
+                f"replica_check_every must be None (at every save), 0 (never) or a positive integer, got {self.replica_check_every!r}"
+            )
+        if self.on_reproducible_anomaly is not None and not callable(self.on_reproducible_anomaly):
+            raise ValueError(f"on_reproducible_anomaly must be callable (it gets the Verdict), got {self.on_reproducible_anomaly!r}")
         if not isinstance(self.save_every, int) or self.save_every < 0:
             raise ValueError(f"save_every must be a non-negative integer, got {self.save_every!r}")
         if not isinstance(self.max_failed_saves, int) or self.max_failed_saves < 0:

@@ -5,6 +5,10 @@ the others (norms, embeddings) on its data-parallel sub-mesh; torch's ``get_tota
 ``clip_grad_norm_`` stack the per-tensor norms and refuse DTensors of different meshes. These
 take the norm per mesh, reduce each to a plain tensor and combine them, in a fixed order (the
 order the parameters come in), so the result is the same on every rank and every run.
+
+``local_norm`` is the other question: the norm of what this rank holds (its shards), with no
+collective; a rank's own value, for the anomaly checks (``CheckpointManager.maybe_save(step,
+metrics=...)``), where a corrupted shard must change this rank's value and no other's.
 """
 
 from __future__ import annotations
@@ -48,3 +52,12 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, norm_typ
     for group in _by_mesh(params):  # torch scales with one foreach op, which refuses several meshes
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
     return norm
+
+
+def local_norm(tensors: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
+    """The ``norm_type`` norm of this rank's own pieces of ``tensors`` (a DTensor's local shard, a
+    plain tensor whole), as a plain tensor; no collective, so each rank's value is its own."""
+    pieces = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    if not pieces:
+        return torch.zeros(())
+    return torch.nn.utils.get_total_norm([p.detach() for p in pieces], norm_type=norm_type)

@@ -7,8 +7,13 @@ It hides DCP, staging, hashing, the commit protocol, the pointer and retention::
     start = mgr.resume() or 0          # the step to continue after (None: fresh start)
     for step in range(start + 1, total + 1):
         ...train one optimizer step...
-        mgr.maybe_save(step)
+        mgr.maybe_save(step, metrics={"loss": loss.item(), "grad_norm": norm.item()})
     mgr.close()
+
+The ``metrics`` (optional, each rank its own values) are recorded and checked for wrong numbers
+(``training.anomaly_watch``, ``core.anomaly``): under ``ckpt run`` a NaN or a spike sends every
+rank back to the newest checkpoint to replay the steps up to it and tell a hardware fault (the
+replay differs: its rank is named, training goes on from the replay) from the data (it does not).
 
 Every rank calls every method (they are collective). Model and optimizer go through DCP
 (sharded, FSDP2-aware, readable by torch's own tools); everything else a rank owns (RNG states,
@@ -22,6 +27,7 @@ process: the heartbeat, an optimizer hook, SIGTERM, exit.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import os
@@ -35,12 +41,14 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from ckpt_tool.core.anomaly import Anomaly, judge_replay, plan_anomaly
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.reshard_plan import ReshardPlan
-from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError
+from ckpt_tool.errors import RESTART_CANNOT_HELP, CkptError, ExitCode
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import progress, state_codec
+from ckpt_tool.training.anomaly_watch import AnomalyWatch, as_floats
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig, Stateful
 from ckpt_tool.training.directory_claim import DirectoryClaim
@@ -49,6 +57,7 @@ from ckpt_tool.training.local_tier import LocalTier
 from ckpt_tool.training.mesh import run_mesh
 from ckpt_tool.training.probe import ProbeSpec, current_env
 from ckpt_tool.training.rank_state import TrainingState
+from ckpt_tool.training.replicas import ReplicaCheck
 from ckpt_tool.training.resume import Resumed, Resumption
 from ckpt_tool.training.saver import Saver
 
@@ -153,10 +162,15 @@ class CheckpointManager:
         except CkptError as exc:  # e.g. --global-batch 12 --micro-batch 3 on 3 ranks: a resume may still plan it
             self._batch_error = exc
         self._env = env
+        run_dir = Path(os.environ.get("CKPT_RUN_DIR") or self.store.root / "run")
+        assert not isinstance(config.anomaly, str)  # CheckpointConfig made it a policy
+        self.anomalies = AnomalyWatch(run_dir, self.comm.rank, config.anomaly)
+        self.replicas = ReplicaCheck(model, self.comm.world_size, config.replica_check_every)
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.plan: ReshardPlan | None = None  # set when resume() resharded
         self._last_step: int | None = None  # the last step maybe_save() saw (the final save's step)
         self._last_extra: dict[str, Any] | None = None
+        self._local_step: int | None = None  # the newest fast-tier save this process started or resumed from
         self._closed = False
         self._lock = threading.Lock()
         optimizer.register_step_pre_hook(lambda *_: self.wait_for_staging())
@@ -235,6 +249,7 @@ class CheckpointManager:
                 progress.progress.info(progress.fresh_line(self.store.root))
             else:
                 progress.progress.info(progress.resumed_line(resumed.step, Path(resumed.where), resumed.skipped))
+        self.anomalies.start(resumed.step if resumed is not None else None)
         if resumed is None:
             self.hb.beat(0, "step")
             return None
@@ -252,6 +267,7 @@ class CheckpointManager:
         if local is None:
             return None
         where = "the fast tier (node-local copies), newer than the shared tier's newest"
+        self._local_step = local.step
         return Resumed(local.step, local.run_id, local.batch, None, self.state.restore(local.rank_state), where)
 
     def _local_floor(self) -> tuple[int | None, float]:
@@ -262,22 +278,38 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
     @_reports_fatal
-    def maybe_save(self, step: int, extra: dict[str, Any] | None = None) -> bool:
+    def maybe_save(self, step: int, extra: dict[str, Any] | None = None, metrics: dict[str, Any] | None = None) -> bool:
         """Call once per optimizer step: beats the heartbeat, saves every ``save_every`` steps,
         and, when ``ckpt run`` asked for it (preemption, time limit), saves now and exits the
         process with status 0 once the checkpoint is committed (``ckpt run`` then exits
         "requeue"). ``extra``: JSON-able counters restored into ``manager.extra`` by resume().
+        ``metrics``: this rank's values of the step (``{"loss": ..., "grad_norm": ...}``, floats or
+        one-element tensors), recorded and checked (``CheckpointConfig.anomaly``): a step with a
+        wrong value is not saved.
 
         Raises:
-            CkptError: as ``save()``.
+            CkptError: as ``save()``; exit 79 (``ExitCode.ANOMALY``) for a wrong value that
+                stops the run (see ``CheckpointConfig.anomaly``); exit 2 for metrics that are not numbers.
+            SystemExit: 79, to replay from the checkpoint (``ckpt run`` restarts the ranks).
         """
         self.hb.beat(step, "step")
         self._last_step, self._last_extra = step, extra
-        stop = self.hb.active and self._step_sync(step)
+        finding = self.anomalies.observe(step, as_floats(metrics)) if metrics is not None else None
+        stop, flagged = self._step_sync(step, finding is not None) if self.hb.active else (False, finding is not None)
+        saving = stop or bool(self.config.save_every and step % self.config.save_every == 0)
+        if step == self.anomalies.replay_step:
+            self._replay_verdict(step)  # every rank knows the step: they gather there together
+        elif not self.anomalies.replaying(step):
+            # under ckpt run a finding rode on the step's collective: every rank gathers them here
+            found = ([a for a in self.comm.all_gather(finding) if a is not None] if self.hb.active else [finding]) if flagged else []
+            if self.replicas.due(step, saving):
+                found += self.replicas.run(step, self.comm)  # before a save: no checkpoint holds replicas that disagree
+            if found:
+                self._on_anomaly(step, found)  # returns only to warn
         saved = False
         if stop:
             self.saver.closing = True  # the stop's save is the last: a failure stops (exit 78), it cannot say "committed"
-        if stop or (self.config.save_every and step % self.config.save_every == 0):
+        if saving:
             self.save(step, extra)
             saved = True
         elif self.local is not None and self.local.due(step):
@@ -289,12 +321,69 @@ class CheckpointManager:
             raise SystemExit(0)
         return saved
 
-    def _step_sync(self, step: int) -> bool:
-        """The step's synchronising collective under ``ckpt run``: did any rank get a stop request?
-        It also carries the step's timings (the job's best of each, for the straggler scores)."""
-        stop, best = self.comm.step_sync(self.hb.stop_requested(), self.hb.timer.arrive(step))
-        self.hb.timer.synced(best)
-        return stop
+    def _step_sync(self, step: int, anomaly: bool) -> tuple[bool, bool]:
+        """The step's synchronising collective under ``ckpt run``: did any rank get a stop request,
+        did any rank find a wrong value? It also carries the step's timings (the job's best of
+        each, for the straggler scores)."""
+        stop, best = self.comm.step_sync(self.hb.stop_requested(), [1.0 if anomaly else 0.0, *self.hb.timer.arrive(step)])
+        self.hb.timer.synced(best[1:])
+        return stop, best[0] > 0
+
+    # ------------------------------------------------------------------ wrong numbers
+    def _newest_checkpoint(self) -> int | None:
+        steps = [s for s in (self.saver.last_saved_step, self._local_step) if s is not None]
+        return max(steps) if steps else None
+
+    def _on_anomaly(self, step: int, found: list[Anomaly]) -> None:
+        """Wrong values at ``step`` (every rank has the same ``found``, except outside ``ckpt run``,
+        where the rank that found one is alone). Warn and return, stop, or leave to replay."""
+        last = self.anomalies.last or {}
+        replayed_from = last.get("from") if last.get("status") == "done" else None
+        plan = plan_anomaly(
+            self.config.anomaly.mode, found, supervised=self.hb.active, checkpoint=self._newest_checkpoint(), replayed_from=replayed_from
+        )  # type: ignore[union-attr]
+        for mine in (a for a in found if a.rank == self.comm.rank):
+            self.hb.send_event("anomaly", **mine.to_json(), action=plan.action, why=plan.why)
+        if self.comm.is_coordinator:
+            log.warning("ckpt: %s", plan.why)
+        if plan.action == "warn":
+            return
+        self.anomalies.flush()
+        if plan.action == "stop":
+            earlier = f"; the earlier one: {last.get('message')}" if replayed_from is not None and last.get("message") else ""
+            raise CkptError(
+                f"wrong value in training: {plan.why}{earlier}",
+                "see RUN_DIR/metrics/rank_R.jsonl for the values; fix the data or the model (or set CheckpointConfig(anomaly='warn')) and start again",
+                ExitCode.ANOMALY,
+            )
+        self.saver.wait()  # an earlier step's save in flight commits: the replay may start from it
+        if self.comm.is_coordinator:
+            self.anomalies.begin_replay(step, plan.from_step, found)
+        self.comm.barrier()  # anomaly.json is written before any rank leaves
+        self.hb.send_event("replaying", step=step, from_step=plan.from_step)
+        self.close(final=False)
+        raise SystemExit(ExitCode.ANOMALY)
+
+    def _replay_verdict(self, step: int) -> None:
+        """The replay reached the anomaly's step: every rank's comparison, gathered, judged."""
+        replays = self.comm.all_gather(self.anomalies.rank_replay())
+        verdict = judge_replay(self.anomalies.replay_anomalies(), replays)
+        if verdict.kind == "reproducible" and verdict.action == "continue" and self.config.on_reproducible_anomaly is not None:
+            if self.config.on_reproducible_anomaly(verdict) == "stop":
+                verdict = dataclasses.replace(verdict, action="stop")
+        self.anomalies.end_replay(verdict, self._newest_checkpoint(), write=self.comm.is_coordinator)
+        if self.comm.is_coordinator:
+            self.hb.send_event("anomaly_replayed", **verdict.to_json())
+            log.warning("ckpt: %s", verdict.message())
+        if self.comm.rank in verdict.ranks:
+            self.hb.send_event("silent_fault", step=verdict.differs_at, differences=verdict.fields.get(self.comm.rank, ""))
+        if verdict.action == "stop":
+            self.comm.barrier()  # every rank's events reach the watchdog before any rank's fatal ends the round
+            raise CkptError(
+                f"wrong value in training: {verdict.message()}",
+                "see RUN_DIR/metrics/rank_R.jsonl and anomaly.json; fix the data or the model and start again",
+                ExitCode.ANOMALY,
+            )
 
     @_reports_fatal
     def save(self, step: int, extra: dict[str, Any] | None = None) -> None:
@@ -315,6 +404,7 @@ class CheckpointManager:
         """
         if self._closed:
             raise CkptError("save() after close()", "create a new CheckpointManager")
+        self.anomalies.flush()
         with self.hb.phase("checkpoint"):
             self.claim.ensure()  # a script that saves without resume() first
             self.saver.save(step, extra)
@@ -335,6 +425,7 @@ class CheckpointManager:
             rank_json = state_codec.dumps(self.state.capture(step, extra))
             batch, saver = self.saver.batch, self.saver
             saver.in_background(lambda: local.write(staged, step, rank_json, run_id, batch, saver.committed_step, probe))
+        self._local_step = step
         return True
 
     # ------------------------------------------------------------------ waiting and shutdown
@@ -372,6 +463,7 @@ class CheckpointManager:
             if self.local is not None and want_final and sys.exc_info()[0] is None and self.saver.committed_step == self._last_step:
                 self.local.clean_up()  # the last step is in the shared tier: the local copies are of no more use
         finally:
+            self.anomalies.close()
             self.claim.stop()
             self.saver.shutdown()
             if self.local is not None:

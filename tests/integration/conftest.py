@@ -78,3 +78,12 @@ def assert_no_straggler(s: Supervised) -> None:
     run shorter than 5 s of steps after its warm-up is not scored for stragglers at all)."""
     false_alarms = [e for e in s.events() if e["event"] in ("straggler", "gpu_idle", "gpu_error")]
     assert not false_alarms, false_alarms
+
+
+def newest_per_step(lines: list) -> list:
+    """A metrics record's newest line of each step (a step a replay or a restart ran again is
+    the trajectory the run went on from), in step order."""
+    newest = {}
+    for m in lines:
+        newest[m.step if hasattr(m, "step") else m["step"]] = m
+    return [newest[k] for k in sorted(newest)]

@@ -13,6 +13,7 @@ import pytest
 from ckpt_tool.core import run_catalog as catalog
 from ckpt_tool.core.history import KNOWN_EVENTS, MARKS, unknown_events
 from ckpt_tool.errors import CkptError, ExitCode
+from ckpt_tool.supervise.rank_reports import LOGGED
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -56,6 +57,8 @@ def written_names(source: str, where: str) -> list[tuple[str, str, str]]:
                 name = name or (_const(args[1]) if len(args) > 1 else None)
                 if name:
                     found.append((name, "run", at))
+            elif func == "send_event" and args and _const(args[0]) in LOGGED:  # a rank's event its watchdog logs as it is
+                found.append((_const(args[0]), "run", at))
             elif func in RUN_CALLS and len(args) > RUN_CALLS[func] and _const(args[RUN_CALLS[func]]):
                 found.append((_const(args[RUN_CALLS[func]]), "run", at))
             elif func in INDEX_CALLS:

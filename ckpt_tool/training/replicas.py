@@ -1,0 +1,97 @@
+"""Which of a model's parameters are held by several ranks (replicas that must stay bit-identical),
+and a cheap fingerprint of each rank's copy, for the replica check (``CheckpointManager``:
+before every save, and every ``CheckpointConfig.replica_check_every`` steps).
+
+A replica is a copy another rank holds of the same bytes:
+
+- a plain tensor parameter of a model trained on several ranks (DDP, or a module replicated by
+  hand): every rank of the world holds it;
+- a DTensor parameter with ``Replicate()`` on a mesh dimension (HSDP's ``dp_replicate``, the
+  norms and embeddings tensor parallel leaves whole): the ranks that differ only along those
+  dimensions hold the same shard.
+
+A ``Shard`` (FSDP) has no replica: there is nothing to compare it with. The fingerprint is an
+integer sum of the tensor's bits, taken on its device (one host transfer for the whole model): a
+flipped bit, a changed ulp, a NaN all change it. ``core.anomaly.compare_replicas`` judges the
+fingerprints of every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ckpt_tool.core.anomaly import Anomaly, compare_replicas
+from ckpt_tool.training.comm import Comm
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """A parameter with replicas: ``name``, this rank's piece of it, and ``key``: ranks whose
+    pieces of ``name`` share a key hold the same bytes (the rank's coordinates on the mesh
+    dimensions the parameter is not replicated over)."""
+
+    name: str
+    tensor: torch.Tensor
+    key: tuple[int, ...]
+
+
+def replicated_parameters(model: nn.Module, world_size: int) -> list[Replicated]:
+    """The parameters of ``model`` that another rank holds a copy of (see the module), in the
+    model's order; empty on one rank or under plain FSDP."""
+    if world_size <= 1:
+        return []
+    out = []
+    for name, p in model.named_parameters():
+        placements = getattr(p, "placements", None)
+        if placements is None:  # a plain tensor on several ranks: DDP's contract, the whole world
+            out.append(Replicated(name, p, ()))
+            continue
+        mesh = p.device_mesh  # type: ignore[attr-defined]
+        coordinate = mesh.get_coordinate()
+        if coordinate is None:  # this rank is not on the parameter's mesh
+            continue
+        replicated = [d for d, pl in enumerate(placements) if pl.is_replicate() and mesh.size(d) > 1]
+        if replicated:
+            key = tuple(c for d, c in enumerate(coordinate) if d not in replicated)
+            out.append(Replicated(name, p.to_local(), key))  # type: ignore[attr-defined]
+    return out
+
+
+def fingerprints(tensors: Iterable[torch.Tensor]) -> list[int]:
+    """Each tensor's bits summed as integers (of its element size) into an int64, on the tensor's
+    device; one transfer to the host for all of them."""
+    sums = []
+    for t in tensors:
+        flat = t.detach().contiguous().reshape(-1)
+        ints = flat.view(_INT_OF_SIZE[flat.element_size()])
+        sums.append(ints.sum(dtype=torch.int64).cpu() if ints.numel() else torch.zeros((), dtype=torch.int64))
+    return torch.stack(sums).tolist() if sums else []
+
+
+class ReplicaCheck:
+    """The replica check of one rank: due before every save and every ``every`` steps (None: at
+    saves only; 0: never); ``run`` fingerprints this rank's replicated parameters, gathers every
+    rank's over ``comm`` (collective: every rank calls it at the same steps) and returns the
+    findings (``core.anomaly.compare_replicas``), the same list on every rank."""
+
+    def __init__(self, model: nn.Module, world_size: int, every: int | None) -> None:
+        self.params = replicated_parameters(model, world_size) if every != 0 else []
+        self.every = every
+
+    def due(self, step: int, saving: bool) -> bool:
+        """Whether this step compares the replicas (the same answer on every rank)."""
+        if not self.params:
+            return False
+        return saving or bool(self.every and step % self.every == 0)
+
+    def run(self, step: int, comm: Comm) -> list[Anomaly]:
+        """Compare every rank's copies now (collective)."""
+        mine = ([p.key for p in self.params], fingerprints(p.tensor for p in self.params))
+        everyone = comm.all_gather(mine)
+        return compare_replicas(step, [p.name for p in self.params], [k for k, _ in everyone], [f for _, f in everyone])

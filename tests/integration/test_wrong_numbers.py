@@ -1,0 +1,70 @@
+"""Wrong numbers caught (#35), on the GPT recipe (FSDP2, 2 ranks, under `ckpt run`): a NaN in one
+rank's gradient, once, is a transient fault: found, replayed from the checkpoint, the rank named
+and its node charged, and the run ends on the trajectory of a run that never saw it, bit for bit;
+a batch that makes the loss NaN every time is the data: the replay reproduces it and the run stops
+with that explanation, nobody blamed. The conv recipe (DDP: a spike, a skewed replica) and tensor
+parallel x FSDP have theirs beside their exactness tests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ckpt_tool.core.node_ledger import fold_health
+from ckpt_tool.errors import ExitCode
+from ckpt_tool.recipes.launch import compare_runs, read_metrics
+
+from .conftest import ckpt_cli, ckpt_json, newest_per_step
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_nan_in_one_ranks_gradient_is_replayed_its_rank_named_and_the_run_ends_exact(reference_run, supervised):
+    s = supervised("--corrupt-at-step", "12", "--corrupt-rank", "1")
+    assert s.run() == ExitCode.OK, s.log_tail()
+    events = s.events()
+    [found] = [e for e in events if e["event"] == "anomaly"]
+    assert (found["rank"], found["step"], found["field"], found["kind"], found["action"]) == (1, 12, "grad_norm", "nan", "replay"), found
+    [verdict] = [e for e in events if e["event"] == "anomaly_replayed"]
+    assert (verdict["verdict"], verdict["ranks"], verdict["step"], verdict["action"]) == ("transient", [1], 12, "continue"), verdict
+    assert "rank 1 (grad_norm nan -> " in verdict["message"] and "hardware fault" in verdict["message"]
+    [fault] = [e for e in events if e["event"] == "silent_fault"]
+    assert fault["rank"] == 1 and fault["node"] and fault["differences"].startswith("grad_norm nan -> ")
+    # the replay went back to step 10's checkpoint: one restart, not a failure of the crash-loop count
+    assert [e["checkpoint"] for e in events if e["event"] == "resumed"] == [10]
+    assert not [e for e in events if e["event"] in ("failure_counted", "rank_exited")], events
+    # the node of rank 1 is charged, like a crash (one node: counted, nobody to compare it with)
+    [node] = fold_health(events).to_json()["nodes"]
+    assert node["failures_total"] == 1, node
+    # the first run's own line of step 12 was the wrong one; the replay's and all others are the reference's
+    lines = read_metrics(s.metrics)
+    first12 = [m for m in lines if m.step == 12][0]
+    assert math.isnan(first12.grad_norm)
+    comparison = compare_runs(reference_run.metrics_lines(), newest_per_step(lines))
+    assert comparison.identical and comparison.steps_compared == 40, comparison.mismatches[:3]
+    # the run directory says it: anomaly.json, each rank's values, ckpt status
+    record = json.loads((s.run_dir / "anomaly.json").read_text())
+    assert record["status"] == "done" and record["verdict"] == "transient" and record["from"] == 10
+    values = [json.loads(x) for x in (s.run_dir / "metrics" / "rank_1.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in values].count(12) == 2 and set(values[0]["values"]) == {"loss", "grad_norm"}
+    status = ckpt_cli("status", s.run_dir)
+    assert "last wrong value" in status.stdout and "transient fault" in status.stdout and "rank 1" in status.stdout, status.stdout
+    assert ckpt_json("status", s.run_dir, "--json")["last_anomaly"]["verdict"] == "transient"
+
+
+def test_a_batch_that_makes_the_loss_nan_every_time_stops_the_run_and_blames_nobody(supervised):
+    s = supervised("--poison-at-step", "12")
+    assert s.run() == ExitCode.ANOMALY, s.log_tail()
+    events = s.events()
+    [verdict] = [e for e in events if e["event"] == "anomaly_replayed"]
+    assert (verdict["verdict"], verdict["ranks"], verdict["action"]) == ("reproducible", [], "stop"), verdict
+    assert "rank 0: loss is NaN at step 12" in verdict["message"] and "the data or the model, not the hardware" in verdict["message"]
+    assert not [e for e in events if e["event"] == "silent_fault"]
+    assert not [n for n in fold_health(events).to_json()["nodes"] if n["failures_total"]]  # nobody charged
+    [fatal] = [e for e in events if e["event"] == "fatal"]
+    assert fatal["exit_code"] == ExitCode.ANOMALY and "wrong value in training" in fatal["message"]
+    assert "fix the data or the model" in s.log_tail(20000)
+    # nothing after step 10 was committed: the newest checkpoint is from before the NaN
+    assert not (s.ckpt / "step_00000015").exists() and (s.ckpt / "step_00000010").exists()
