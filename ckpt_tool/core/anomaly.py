@@ -17,8 +17,14 @@ rank's comparison into a ``Verdict``:
   a rank's local field (its loss before the all-reduce, its shard's gradient norm) names it. The
   replay is the correct trajectory: training goes on from it.
 - the replay reproduces it: **reproducible**, the data or the model. A NaN or an infinity stops
-  the run (a restart would train into it again); a spike is reported and training goes on (or the
-  user's hook decides).
+  the run (a restart would train into it again), and so do replicas that part again (a code path
+  that updates them differently: no checkpoint of it would mean one thing); a spike is reported
+  and training goes on (or the user's hook decides).
+
+The replica check (``compare_replicas``) finds ranks whose copies of a replicated parameter
+differ; each rank also records a digest of its copies' fingerprints among its values of that step
+(a field named ``FINGERPRINT...``), so the replay names the rank whose copy changed, even when no
+loss shows it (a one-ulp change of an fp32 weight under fp16 autocast).
 
 ``plan_anomaly`` decides what a finding leads to under the run's mode (``replay``, ``stop``,
 ``warn``), with one bound: at most one replay per checkpoint interval (a second finding after a
@@ -35,6 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 MODES = ("replay", "stop", "warn")
+# A recorded value whose name starts with this is a fingerprint (of the rank's replicas): compared
+# bit for bit by a replay like any value, never judged as a number (no NaN, no spike).
+FINGERPRINT = "fingerprint:"
 MAD_TO_SIGMA = 1.4826  # the MAD of a normal distribution times this is its standard deviation
 
 
@@ -117,7 +126,9 @@ def detect(
     rank: int, step: int, values: Mapping[str, float], history: Mapping[str, Sequence[float]], policy: AnomalyPolicy
 ) -> Anomaly | None:
     """The first wrong value among ``values`` (fields in order): NaN or infinite, else above the
-    policy's threshold over the field's ``history`` (the values before this step). None: all fine."""
+    policy's threshold over the field's ``history`` (the values before this step). None: all fine.
+    Fingerprints (``FINGERPRINT``) are not numbers to judge."""
+    values = {k: v for k, v in values.items() if not k.startswith(FINGERPRINT)}
     for name, v in values.items():
         if math.isnan(v):
             return Anomaly(rank, step, name, v, "nan")
@@ -233,7 +244,7 @@ class Verdict:
             )
             return (
                 f"transient fault: the replay differs from the first run at step {self.differs_at}: {who}. "
-                f"The first run's {first} was a hardware fault, not the data; training goes on from the replay"
+                f"What the first run found ({first}) was a hardware fault, not the data; training goes on from the replay"
             )
         if self.action == "stop":
             return (
@@ -268,8 +279,8 @@ def judge_replay(anomalies: Sequence[Anomaly], replays: Sequence[RankReplay]) ->
     """The verdict from every rank's comparison of its replay with the first run (see the module)."""
     found = tuple(anomalies)
     differing = [r for r in replays if r.difference is not None]
-    if not differing:
-        stop = any(a.kind in ("nan", "inf") for a in found)
+    if not differing:  # a NaN again, or replicas that part again: a restart would train into it
+        stop = any(a.kind in ("nan", "inf", "replica") for a in found)
         return Verdict("reproducible", found, action="stop" if stop else "continue")
     step = min(r.difference.step for r in differing if r.difference is not None)
     first = [r for r in differing if r.difference is not None and r.difference.step == step]

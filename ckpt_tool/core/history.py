@@ -206,7 +206,13 @@ def last_anomaly(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         return None
     e = found[-1]
     if e["event"] == "anomaly_replayed":
-        return {"time": e.get("time"), "verdict": e.get("verdict"), "ranks": e.get("ranks"), "step": e.get("step"), "message": e.get("message")}
+        return {
+            "time": e.get("time"),
+            "verdict": e.get("verdict"),
+            "ranks": e.get("ranks"),
+            "step": e.get("step"),
+            "message": e.get("message"),
+        }
     return {"time": e.get("time"), "verdict": None, "ranks": [e.get("rank")], "step": e.get("step"), "message": e.get("why")}
 
 

@@ -113,9 +113,9 @@ def add_wrong_number_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corrupt-rank", type=int, default=0, help="with --corrupt-at-step: the rank whose gradient goes wrong")
     p.add_argument(
         "--corrupt-kind",
-        choices=("nan", "bitflip"),
+        choices=("nan", "bitflip", "spike"),
         default="nan",
-        help="with --corrupt-at-step: a NaN, or a flipped exponent bit (a spike)",
+        help="with --corrupt-at-step: a NaN; the top exponent bit flipped (~1e32: the norm overflows); x 2^16 (a lower exponent bit: a spike)",
     )
     p.add_argument(
         "--poison-at-step", type=int, help="fault injection: the batch of this step makes rank 0's loss NaN, every time (data-borne)"
@@ -143,8 +143,9 @@ def _once(ckpt_dir: Path, what: str, step: int) -> bool:
 
 def corrupt_gradient_once(args: argparse.Namespace, model: nn.Module, rank: int, step: int) -> None:
     """``--corrupt-at-step``: after the backward, the first element of this rank's piece of the
-    first gradient becomes NaN, or gets its top exponent bit flipped (a huge value), once: a GPU
-    that computed a wrong value in its own shard (the other ranks' values are untouched)."""
+    first gradient becomes NaN, gets its top exponent bit flipped (a huge value: the norm
+    overflows), or is multiplied by 2^16 (a lower exponent bit: a finite spike), once: a GPU that
+    computed a wrong value in its own shard (the other ranks' values are untouched)."""
     if step != args.corrupt_at_step or rank != args.corrupt_rank or not _once(args.ckpt_dir, "corrupted", step):
         return
     grad = next(p.grad for p in model.parameters() if p.grad is not None)
@@ -153,6 +154,8 @@ def corrupt_gradient_once(args: argparse.Namespace, model: nn.Module, rank: int,
     with torch.no_grad():
         if args.corrupt_kind == "nan":
             flat[0] = float("nan")
+        elif args.corrupt_kind == "spike":
+            flat[0] *= 2.0**16
         else:
             bits = flat[:1].view(torch.int32)
             bits ^= 1 << 30  # the top bit of a float32's exponent

@@ -153,9 +153,7 @@ class RecipeJob:
         self.ckpt, self.metrics, self.run_dir, self.log = root / "ckpt", root / "metrics.jsonl", root / "run", root / "log.txt"
         fast = FAST_ARGS if module == RECIPE else ()  # the GPT recipe's small sizes
         args = recipe_args(self.ckpt, self.metrics, steps, save_every, *fast, *extra)
-        self.argv = (
-            ckpt_run_command(nproc, self.run_dir, args, run_opts, module) if supervised else torchrun_command(nproc, args, module)
-        )
+        self.argv = ckpt_run_command(nproc, self.run_dir, args, run_opts, module) if supervised else torchrun_command(nproc, args, module)
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ckpt_tool.core.anomaly import Anomaly, AnomalyPolicy, Difference, RankReplay, Verdict, detect, first_difference
+from ckpt_tool.core.anomaly import FINGERPRINT, Anomaly, AnomalyPolicy, Difference, RankReplay, Verdict, detect, first_difference
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.supervise import run_dir as rd
 
@@ -159,5 +159,5 @@ class AnomalyWatch:
 
     def _remember(self, values: Mapping[str, float]) -> None:
         for name, v in values.items():
-            if math.isfinite(v):
+            if math.isfinite(v) and not name.startswith(FINGERPRINT):
                 self.windows.setdefault(name, deque(maxlen=self.policy.window)).append(v)

@@ -71,6 +71,20 @@ class Comm:
         dist.all_gather_object(out, value, group=self.group)
         return out
 
+    def main_gather(self, value: T) -> list[T]:
+        """``all_gather`` on the control group: for the main thread while the save group may be busy
+        in the background (an async save's commit); the group's own ``all_gather`` without one."""
+        if not self.distributed:
+            return [value]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value, group=self.control_group or self.group)
+        return out
+
+    def main_barrier(self) -> None:
+        """``barrier`` on the control group (see ``main_gather``)."""
+        if self.distributed:
+            dist.barrier(group=self.control_group or self.group)
+
     def step_sync(self, flag: bool, values: list[float]) -> tuple[bool, list[float]]:
         """(True on every rank when ``flag`` is true on any, the maximum of each of ``values`` over
         the ranks): one collective on the control group, from the main thread. It is the step's

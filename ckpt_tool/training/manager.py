@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from ckpt_tool.core.anomaly import Anomaly, judge_replay, plan_anomaly
+from ckpt_tool.core.anomaly import FINGERPRINT, Anomaly, judge_replay, plan_anomaly
 from ckpt_tool.core.batch import BatchConfig, BatchRequest
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.core.reshard_plan import ReshardPlan
@@ -57,7 +57,7 @@ from ckpt_tool.training.local_tier import LocalTier
 from ckpt_tool.training.mesh import run_mesh
 from ckpt_tool.training.probe import ProbeSpec, current_env
 from ckpt_tool.training.rank_state import TrainingState
-from ckpt_tool.training.replicas import ReplicaCheck
+from ckpt_tool.training.replicas import ReplicaCheck, digest
 from ckpt_tool.training.resume import Resumed, Resumption
 from ckpt_tool.training.saver import Saver
 
@@ -136,7 +136,9 @@ class CheckpointManager:
         self.probe_spec = probe
         self.hb = hb or heartbeat()
         self.hb.beat(0, "init")  # the supervisor knows this rank from now on (resume may take long)
-        self.comm = comm or Comm(with_control=self.hb.active)
+        # the control group: the main thread's agreement (the step's sync, the wrong-number checks)
+        # while an async save's collectives run on the manager's group in the background
+        self.comm = comm or Comm(with_control=True)
         self.hb.timer.rank, self.hb.timer.world_size = self.comm.rank, self.comm.world_size  # its slots in the step sync
         self.store = self._open_store(Path(config.directory))
         exported = os.environ.get("CKPT_DIR")
@@ -294,22 +296,29 @@ class CheckpointManager:
         """
         self.hb.beat(step, "step")
         self._last_step, self._last_extra = step, extra
-        finding = self.anomalies.observe(step, as_floats(metrics)) if metrics is not None else None
+        scheduled = bool(self.config.save_every and step % self.config.save_every == 0)
+        # before a scheduled save of either tier: no checkpoint holds replicas that disagree
+        prints = self.replicas.fingerprint(step, scheduled or (self.local is not None and self.local.due(step)))
+        values = as_floats(metrics) if metrics is not None else None
+        if prints is not None:  # recorded among the step's values: a replay names the rank whose copy changed
+            values = {**(values or {}), f"{FINGERPRINT}replicas": digest(prints)}
+        finding = self.anomalies.observe(step, values) if values is not None else None
         stop, flagged = self._step_sync(step, finding is not None) if self.hb.active else (False, finding is not None)
-        saving = stop or bool(self.config.save_every and step % self.config.save_every == 0)
         if step == self.anomalies.replay_step:
             self._replay_verdict(step)  # every rank knows the step: they gather there together
+            if prints is not None and (parted := self.replicas.compare(step, prints, self.comm)):
+                self._on_anomaly(step, parted)  # still apart after the replay: a second anomaly, it stops
         elif not self.anomalies.replaying(step):
             # under ckpt run a finding rode on the step's collective: every rank gathers them here
-            found = ([a for a in self.comm.all_gather(finding) if a is not None] if self.hb.active else [finding]) if flagged else []
-            if self.replicas.due(step, saving):
-                found += self.replicas.run(step, self.comm)  # before a save: no checkpoint holds replicas that disagree
+            found = ([a for a in self.comm.main_gather(finding) if a is not None] if self.hb.active else [finding]) if flagged else []
+            if prints is not None:
+                found += self.replicas.compare(step, prints, self.comm)
             if found:
                 self._on_anomaly(step, found)  # returns only to warn
         saved = False
         if stop:
             self.saver.closing = True  # the stop's save is the last: a failure stops (exit 78), it cannot say "committed"
-        if saving:
+        if stop or scheduled:
             self.save(step, extra)
             saved = True
         elif self.local is not None and self.local.due(step):
@@ -366,7 +375,7 @@ class CheckpointManager:
 
     def _replay_verdict(self, step: int) -> None:
         """The replay reached the anomaly's step: every rank's comparison, gathered, judged."""
-        replays = self.comm.all_gather(self.anomalies.rank_replay())
+        replays = self.comm.main_gather(self.anomalies.rank_replay())
         verdict = judge_replay(self.anomalies.replay_anomalies(), replays)
         if verdict.kind == "reproducible" and verdict.action == "continue" and self.config.on_reproducible_anomaly is not None:
             if self.config.on_reproducible_anomaly(verdict) == "stop":
@@ -378,7 +387,7 @@ class CheckpointManager:
         if self.comm.rank in verdict.ranks:
             self.hb.send_event("silent_fault", step=verdict.differs_at, differences=verdict.fields.get(self.comm.rank, ""))
         if verdict.action == "stop":
-            self.comm.barrier()  # every rank's events reach the watchdog before any rank's fatal ends the round
+            self.comm.main_barrier()  # every rank's events reach the watchdog before any rank's fatal ends the round
             raise CkptError(
                 f"wrong value in training: {verdict.message()}",
                 "see RUN_DIR/metrics/rank_R.jsonl and anomaly.json; fix the data or the model and start again",

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import xxhash
 from torch import nn
 
 from ckpt_tool.core.anomaly import Anomaly, compare_replicas
@@ -76,22 +77,28 @@ def fingerprints(tensors: Iterable[torch.Tensor]) -> list[int]:
 
 class ReplicaCheck:
     """The replica check of one rank: due before every save and every ``every`` steps (None: at
-    saves only; 0: never); ``run`` fingerprints this rank's replicated parameters, gathers every
-    rank's over ``comm`` (collective: every rank calls it at the same steps) and returns the
-    findings (``core.anomaly.compare_replicas``), the same list on every rank."""
+    saves only; 0: never); ``fingerprint`` takes this rank's fingerprints then, ``compare``
+    gathers every rank's over ``comm`` and returns the findings (``core.anomaly.compare_replicas``),
+    the same list on every rank."""
 
     def __init__(self, model: nn.Module, world_size: int, every: int | None) -> None:
         self.params = replicated_parameters(model, world_size) if every != 0 else []
         self.every = every
 
-    def due(self, step: int, saving: bool) -> bool:
-        """Whether this step compares the replicas (the same answer on every rank)."""
-        if not self.params:
-            return False
-        return saving or bool(self.every and step % self.every == 0)
+    def fingerprint(self, step: int, saving: bool) -> list[int] | None:
+        """This rank's fingerprints when the step compares the replicas (before a save, every
+        ``every`` steps: the same answer on every rank), else None. No collective."""
+        if not self.params or not (saving or (self.every and step % self.every == 0)):
+            return None
+        return fingerprints(p.tensor for p in self.params)
 
-    def run(self, step: int, comm: Comm) -> list[Anomaly]:
-        """Compare every rank's copies now (collective)."""
-        mine = ([p.key for p in self.params], fingerprints(p.tensor for p in self.params))
-        everyone = comm.all_gather(mine)
+    def compare(self, step: int, mine: list[int], comm: Comm) -> list[Anomaly]:
+        """Compare every rank's fingerprints (collective: every rank that fingerprinted the step)."""
+        everyone = comm.main_gather(([p.key for p in self.params], mine))  # an async save may hold the manager's group
         return compare_replicas(step, [p.name for p in self.params], [k for k, _ in everyone], [f for _, f in everyone])
+
+
+def digest(prints: list[int]) -> float:
+    """One value for the metrics record from a rank's fingerprints: 52 bits of their xxh3, exact as
+    a float (so JSON keeps it bit for bit)."""
+    return float(xxhash.xxh3_64_intdigest(",".join(map(str, prints)).encode()) >> 12)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tool.recipes.launch import run, torchrun_command
+from ckpt_tool.recipes.launch import RecipeJob, run, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
 
-from .conftest import ckpt_json
+from .conftest import ckpt_json, newest_per_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -107,3 +107,41 @@ def test_ckpt_verify_checks_the_second_familys_checkpoint_exactly_and_its_condit
     # applies (not a bit-exact claim) and the report says what reproduces the save
     report = ckpt_json("verify", references.ckpt["ddp"], "--json", timeout=300)
     assert report["ok"] and not report["exact"] and "--nproc 2" in report["reproduce"], report
+
+
+def _newest_rows(cnn: Cnn) -> dict[int, dict]:
+    return {r["step"]: r for r in newest_per_step(cnn.rows())}
+
+
+def test_a_spike_in_one_ddp_ranks_gradient_is_replayed_and_the_run_ends_exact(references, tmp_path):
+    """#35 under DDP with async saves: one element of rank 1's gradient x 2^16 at step 6 (a
+    spike: its window filled since step 3); the replay from step 4 names rank 1; every step's
+    line ends as the uninterrupted run's, bit for bit."""
+    bitflip = ("--corrupt-at-step", "6", "--corrupt-rank", "1", "--corrupt-kind", "spike", "--anomaly-window", "3")
+    job = RecipeJob(tmp_path, STEPS, SAVE_EVERY, ("--amp", "--async-save", *bitflip), module=MODULE)
+    assert job.run() == 0, job.log_tail()
+    events = job.events()
+    [found] = [e for e in events if e["event"] == "anomaly"]
+    assert (found["rank"], found["step"], found["kind"], found["field"]) == (1, 6, "spike", "grad_norm"), found
+    [verdict] = [e for e in events if e["event"] == "anomaly_replayed"]
+    assert (verdict["verdict"], verdict["ranks"], verdict["differs_at"]) == ("transient", [1], 6), verdict
+    assert [e["checkpoint"] for e in events if e["event"] == "resumed"] == [4]
+    assert _newest_rows(Cnn(tmp_path, 2)) == references.rows["ddp"]
+
+
+def test_a_skewed_replica_is_caught_before_the_save_and_its_rank_named(references, tmp_path):
+    """#35: one ulp of rank 1's copy of a DDP weight after step 5: no loss shows it (fp16
+    autocast), the replica check before step 8's save does; the replay from step 4 names rank 1
+    by its copy's fingerprint, no checkpoint ever held the skew, and the run ends exact."""
+    job = RecipeJob(tmp_path, STEPS, SAVE_EVERY, ("--amp", "--skew-at-step", "5", "--skew-rank", "1"), module=MODULE)
+    assert job.run() == 0, job.log_tail()
+    events = job.events()
+    found = [e for e in events if e["event"] == "anomaly"]
+    assert {(e["rank"], e["step"], e["kind"]) for e in found} == {(0, 8, "replica"), (1, 8, "replica")}, found  # two copies: both
+    [verdict] = [e for e in events if e["event"] == "anomaly_replayed"]
+    assert (verdict["verdict"], verdict["ranks"], verdict["differs_at"]) == ("transient", [1], 8), verdict
+    assert "fingerprint:replicas" in verdict["differences"]["1"]
+    [fault] = [e for e in events if e["event"] == "silent_fault"]
+    assert fault["rank"] == 1
+    assert [e["checkpoint"] for e in events if e["event"] == "resumed"] == [4]  # step 8 was not saved before the replay
+    assert _newest_rows(Cnn(tmp_path, 2)) == references.rows["ddp"]

@@ -20,10 +20,10 @@ import torch
 
 from ckpt_tool.recipes.data import Corpus, GlobalSampler
 from ckpt_tool.recipes.gpt_model import GPTConfig
-from ckpt_tool.recipes.launch import FAST_ARGS, compare_runs, read_metrics, recipe_args, run, torchrun_command
+from ckpt_tool.recipes.launch import FAST_ARGS, RecipeJob, compare_runs, read_metrics, recipe_args, run, torchrun_command
 from ckpt_tool.store.store import CheckpointStore
 
-from .conftest import ckpt_cli
+from .conftest import ckpt_cli, newest_per_step
 
 pytestmark = pytest.mark.slow
 
@@ -195,3 +195,19 @@ def test_inspect_and_export_of_a_tensor_parallel_x_fsdp_checkpoint(reference, tm
     got = load_file(out)
     assert got.keys() == {k for k, v in src["model"].items() if isinstance(v, torch.Tensor)}
     assert all(torch.equal(got[k], src["model"][k]) for k in got)
+
+
+def test_a_nan_in_one_ranks_gradient_under_tp_x_fsdp_is_replayed_and_its_rank_named(reference, tmp_path):
+    """#35 on the 2-D mesh (tp 2 x dp_shard 2, under `ckpt run`): a NaN in rank 3's gradient
+    shard at step 6; the replay from step 4 names rank 3 alone (its tensor-parallel peer holds
+    other shards), and the run ends on the uninterrupted run's trajectory, bit for bit."""
+    job = RecipeJob(
+        tmp_path, STEPS, SAVE_EVERY, (*BATCH, "--tp", "2", "--dropout", "0", "--corrupt-at-step", "6", "--corrupt-rank", "3"), nproc=4
+    )
+    assert job.run(timeout=600) == 0, job.log_tail()
+    events = job.events()
+    [verdict] = [e for e in events if e["event"] == "anomaly_replayed"]
+    assert (verdict["verdict"], verdict["ranks"], verdict["differs_at"]) == ("transient", [3], 6), verdict
+    assert [e["checkpoint"] for e in events if e["event"] == "resumed"] == [4]
+    comparison = compare_runs(read_metrics(reference / "metrics-4x2.jsonl"), newest_per_step(read_metrics(job.metrics)))
+    assert comparison.identical and comparison.steps_compared == STEPS, comparison.mismatches[:3]

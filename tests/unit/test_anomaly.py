@@ -8,6 +8,7 @@ import math
 import pytest
 
 from ckpt_tool.core.anomaly import (
+    FINGERPRINT,
     Anomaly,
     AnomalyPolicy,
     Difference,
@@ -153,3 +154,19 @@ def test_two_replicas_that_differ_name_both_and_groups_are_compared_apart():
     assert compare_replicas(3, ["w"], keys, [[5], [5], [9], [9]]) == []
     # a rank named once, at its first differing parameter
     assert [(a.rank, a.field) for a in compare_replicas(3, ["a", "b"], [[(), ()]] * 3, [[1, 2], [1, 2], [0, 0]])] == [(2, "a")]
+
+
+def test_a_fingerprint_is_compared_by_a_replay_but_never_judged_as_a_number():
+    """A digest of a rank's replicas: random-looking, never a spike; a replay that changes it names the rank."""
+    policy = AnomalyPolicy(window=3)
+    fp = f"{FINGERPRINT}replicas"
+    assert detect(0, 9, {fp: 4.5e15, "loss": 2.0}, {fp: [1.0, 2.0, 3.0], "loss": [2.0, 2.0, 2.0]}, policy) is None
+    skewed = [_replay(0, None, None, {8: {fp: 7.0}}), _replay(1, 8, {fp: (9.0, 7.0)}, {8: {fp: 9.0}})]
+    verdict = judge_replay([Anomaly(0, 8, "w", 7.0, "replica", 9.0), Anomaly(1, 8, "w", 9.0, "replica", 7.0)], skewed)
+    assert (verdict.kind, verdict.ranks) == ("transient", (1,))
+
+
+def test_replicas_that_part_again_in_the_replay_stop_the_run():
+    """A code path that updates the replicas differently: any checkpoint of it would mean one thing or another."""
+    verdict = judge_replay([Anomaly(1, 8, "w", 9.0, "replica", 7.0)], [_replay(0), _replay(1)])
+    assert (verdict.kind, verdict.action) == ("reproducible", "stop")
