@@ -1,4 +1,4 @@
-"""``ckpt export / inspect / du / quarantine``: what is inside a checkpoint directory, and out of it.
+"""``ckpt export / inspect / diff / du / quarantine``: what is inside a checkpoint directory, and out of it.
 Parse, call, print."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import typer
 from ckpt_tool.cli.help import Command, Group
 from ckpt_tool.cli.options import DirArg, JsonOpt, step_option
 from ckpt_tool.cli.output import Column, escape, out, print_json, print_table, size, when
-from ckpt_tool.cli.targets import open_checkpoints, resolve_step
+from ckpt_tool.cli.targets import checkpoint_at, open_checkpoints, resolve_step
+from ckpt_tool.core.ckpt_diff import EntryDiff
 from ckpt_tool.errors import ExitCode
 
 
@@ -50,6 +51,68 @@ def export(
         out.print(
             f"not exported: {len(done.skipped)} entries that are no weights (optimizer hyper-parameters, the probe batch...): see `ckpt inspect`"
         )
+
+
+CkptArg = typer.Argument(..., metavar="A", help="A step directory (CKPT_DIR/step_00000010), or a checkpoint directory.", show_default=False)
+OtherArg = typer.Argument(..., metavar="B", help="The other checkpoint, named the same ways.", show_default=False)
+
+
+def diff(
+    a: Path = CkptArg,
+    b: Path = OtherArg,
+    step_a: int | None = typer.Option(None, "--step-a", help="A's step, when A is a checkpoint directory (default: its LATEST)."),
+    step_b: int | None = typer.Option(None, "--step-b", help="B's step, when B is a checkpoint directory (default: its LATEST)."),
+    all_entries: bool = typer.Option(False, "--all", metavar="", help="List identical entries too (default: only those that differ)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """How two checkpoints differ, entry by entry: identical, or the largest absolute and relative difference; shape, dtype, mesh.
+
+    Of one run (two steps) or two (two variants, a replay). Both are hash-checked first; read a
+    batch of tensors at a time. Exit 0: every entry identical; 1: they differ; 2/3: see the message.
+    """
+    from ckpt_tool.ops.diff import diff_checkpoints
+
+    store_a, sa = checkpoint_at(a, step_a)
+    store_b, sb = checkpoint_at(b, step_b)
+    report = diff_checkpoints(store_a, sa, store_b, sb)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        for side, f in (("A", report.a), ("B", report.b)):
+            out.print(f"{side}: {escape(f['path'])} (run {escape(f['run_id'])}, step {f['step']}, mesh {escape(f['mesh_text'])})")
+        shown = [e for e in report.entries if all_entries or e.status != "identical"]
+        if shown:
+            print_table(
+                [
+                    Column("key"),
+                    Column("status"),
+                    Column("differing", justify="right"),
+                    Column("max_abs", justify="right"),
+                    Column("max_rel", justify="right"),
+                    Column("shape/dtype"),
+                ],  # fmt: skip
+                [_diff_row(e) for e in shown],
+            )
+        out.print(escape(report.summary()))
+    if not report.identical:
+        raise typer.Exit(ExitCode.FAILED)
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def _diff_row(e: EntryDiff) -> list[object]:
+    n = e.numbers
+    if e.status in ("shape", "dtype"):
+        what = f"{_shape(e.shape_a)} {e.dtype_a} -> {_shape(e.shape_b)} {e.dtype_b}"
+    else:
+        shape, dtype = (e.shape_a, e.dtype_a) if e.shape_a is not None else (e.shape_b, e.dtype_b)
+        what = f"{_shape(shape)} {dtype}"
+    if n is None:
+        return [e.key, e.status, "-", "-", "-", what]
+    nan = f" ({n.nan_mismatch} NaN)" if n.nan_mismatch else ""
+    return [e.key, e.status, f"{n.differing}/{n.elements}{nan}", f"{n.max_abs:.3g}", f"{n.max_rel:.3g}", what]
 
 
 def inspect(

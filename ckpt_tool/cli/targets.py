@@ -38,6 +38,22 @@ def resolve_step(store: CheckpointStore, step: int | None) -> int:
     return store.require_latest()
 
 
+def checkpoint_at(target: Path, step: int | None) -> tuple[CheckpointStore, int]:
+    """A checkpoint named by a step directory (``CKPT_DIR/step_00000010``), or by a checkpoint
+    directory and ``step`` (default: the one LATEST names)."""
+    named = layout.parse_step_dir_name(target.name)
+    if named is not None and target.is_dir():
+        if step is not None and step != named:
+            raise CkptError(
+                f"{target} is step {named}, but --step {step} was given",
+                "name the checkpoint directory with --step, or the step directory alone",
+                ExitCode.USAGE,
+            )
+        return open_checkpoints(target.parent), named
+    store = open_checkpoints(target)
+    return store, resolve_step(store, step)
+
+
 def default_run_dir(ckpt_dir: Path) -> Path:
     """A checkpoint directory's run directory: ``CKPT_DIR/run`` (its events, scripts and job output)."""
     return ckpt_dir / layout.RUN_DIR_NAME

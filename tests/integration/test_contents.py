@@ -1,4 +1,4 @@
-"""`ckpt inspect`, `ckpt du` and `ckpt quarantine` on real checkpoints of the reference recipe
+"""`ckpt inspect`, `ckpt diff`, `ckpt du` and `ckpt quarantine` on real checkpoints of the reference recipe
 (2 ranks, FSDP2, steps 5..20). The tensor-parallel case is in test_tensor_parallel."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from ckpt_tool.core import layout
 from ckpt_tool.store.store import CheckpointStore
 
-from .test_cli_trust import cli, cli_json, flip_bit, snapshot
+from .test_cli_trust import cli, cli_json, flip_bit, shard, snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -93,3 +93,37 @@ def test_history_plot_of_a_checkpoint_directory_and_its_bad_requests(ckpt, capsy
     assert code == 2 and "no JSON lines with a step and a loss" in err and not (tmp_path / "p.png").exists()
     code, _, err = cli(capsys, "history", ckpt, "--plot", tmp_path / "p.png")  # the probe loss at each commit
     assert code == 0 and "picture written to" in err and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_diff_of_two_steps_a_copy_and_a_damaged_copy(ckpt, capsys, tmp_path):
+    """Two steps of one run differ (exit 1, the largest difference named); a step and its copy in
+    another directory (another path, the same run) are identical (exit 0); a damaged side is
+    refused before anything is compared; nothing on disk changes."""
+    before = snapshot(ckpt)
+    code, text, err = cli(capsys, "diff", ckpt / layout.step_dir_name(15), ckpt / layout.step_dir_name(20))
+    assert code == 1, err
+    assert "model.tok.weight\tdiffers\t16384/16384\t" in text and "2 of 150 entries identical; 148 differ (largest: model." in text, text
+    code, report, _ = cli_json(capsys, "diff", ckpt, ckpt, "--step-a", "15")  # B: LATEST (20)
+    assert code == 1 and report["a"]["step"] == 15 and report["b"]["step"] == 20 and not report["identical"]
+    assert {e["key"] for e in report["entries"] if e["status"] == "identical"} == {"probe.inputs", "probe.targets"}, report
+    assert report["facts_differ"] == [{"fact": "step", "a": 15, "b": 20}]
+    other = tmp_path / "copy"
+    shutil.copytree(ckpt, other)
+    code, text, err = cli(capsys, "diff", ckpt, other)
+    assert code == 0 and "identical: all " in text and " entries bit for bit" in text, text + err
+    assert "\tidentical\t" not in text  # only what differs is listed, unless --all
+    code, text, _ = cli(capsys, "diff", ckpt, other, "--all")
+    assert code == 0 and "model.tok.weight\tidentical\t0/16384" in text
+    flip_bit(shard(other, 20))
+    code, text, err = cli(capsys, "diff", ckpt, other)
+    assert code == 1 and "step 20 is damaged" in err and "ckpt list" in err, err
+    assert snapshot(ckpt) == before
+
+
+def test_diff_refuses_what_is_not_a_checkpoint_by_name(ckpt, capsys, tmp_path):
+    code, _, err = cli(capsys, "diff", ckpt, tmp_path / "nowhere")
+    assert code == 3 and "nowhere" in err, err
+    code, _, err = cli(capsys, "diff", ckpt / layout.step_dir_name(15), ckpt, "--step-a", "10")
+    assert code == 2 and "is step 15, but --step 10 was given" in err, err
+    code, _, err = cli(capsys, "diff", ckpt, ckpt, "--step-b", "7")
+    assert code == 3 and "7" in err, err
