@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from ckpt_tool import __version__
-from ckpt_tool.cli import changes, checkpoints, contents_commands, demo, jobs, nodes, plan, runs
+from ckpt_tool.cli import changes, checkpoints, contents_commands, demo, jobs, nodes, plan, replay, runs
 from ckpt_tool.cli.help import Command, Group
 from ckpt_tool.cli.output import print_error
 from ckpt_tool.errors import CkptError
@@ -59,6 +59,7 @@ app.command("adopt", cls=Command)(changes.adopt)
 PASSTHROUGH = {"run": jobs.run, "submit": jobs.submit}
 for _name, _fn in PASSTHROUGH.items():
     app.command(_name, context_settings={"allow_interspersed_args": False}, cls=Command)(_fn)
+app.command("replay", cls=Command)(replay.replay)  # its options come first or anywhere: the command follows --
 app.command("recover", cls=Command)(jobs.recover)
 app.command("job", cls=Command)(jobs.job)
 app.command("note", hidden=True, cls=Command)(jobs.note_cmd)

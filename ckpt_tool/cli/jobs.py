@@ -106,7 +106,9 @@ def run(
     Exit codes: 0 finished; 1 failed (restarts exhausted); 2, 3 or 4 a rank stopped on an error a
     restart cannot fix (its message is in the events); 75 stopped after a checkpoint on
     SIGUSR1/SIGTERM (requeue me); 76 crash loop (no progress, not restarted again); 77 a node
-    keeps failing (every node's `ckpt run` ends the round; the batch script leaves it behind).
+    keeps failing (every node's `ckpt run` ends the round; the batch script leaves it behind); 78
+    saves failed (the disk); 79 a wrong value the replay from the checkpoint reproduced (the data
+    or the model: not restarted).
     """
     from rich.live import Live
 

@@ -4,28 +4,14 @@ their entry point of ``ckpt_tool.entrypoints`` under torchrun, its JSON result o
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from ckpt_tool.core.torchrun_output import ranks_error
 from ckpt_tool.errors import CkptError, ExitCode
-
-
-def ranks_error(stderr: str) -> str:
-    """The ranks' own error line in torchrun's output (``[rank0]: ValueError: ...``), not
-    torchrun's ``ChildFailedError`` report after it; else the output's last line."""
-    errors = [
-        m.group(2)
-        for m in re.finditer(r"^(\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$", stderr, re.M)
-        if "ChildFailedError" not in m.group(2)
-    ]
-    if errors:
-        return errors[-1].strip()
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "no output"
 
 
 def run_entry(module: str, nproc: int, args: list[str], what: str) -> dict[str, Any]:

@@ -325,3 +325,66 @@ def plan_anomaly(
             "stop", f"{found}; a second anomaly after a replay from checkpoint {checkpoint} (one replay per checkpoint interval): stopped"
         )
     return AnomalyAction("replay", f"{found}: replaying from checkpoint {checkpoint} to tell a hardware fault from the data", checkpoint)
+
+
+@dataclass(frozen=True)
+class RecordComparison:
+    """``ckpt replay``'s verdict: steps ``first``..``last`` replayed against the run's record of
+    every rank. ``difference``: the first (step, rank) whose values differ and how (None: every
+    compared step equal, bit for bit); ``unrecorded``: replayed steps the record lacks for some rank."""
+
+    first: int
+    last: int
+    ranks: int
+    compared: tuple[int, ...]
+    difference: tuple[int, Difference] | None = None  # (rank, its first difference)
+    unrecorded: tuple[int, ...] = ()
+
+    @property
+    def identical(self) -> bool:
+        """Every replayed step was recorded and equals the record, bit for bit."""
+        return self.difference is None and not self.unrecorded and len(self.compared) == self.last - self.first + 1
+
+    def message(self) -> str:
+        """The verdict in words."""
+        span = f"steps {self.first}..{self.last}" if self.last > self.first else f"step {self.first}"
+        if self.difference is not None:
+            rank, d = self.difference
+            return f"{span} replayed: step {d.step} differs from the record on rank {rank}: {d.describe()}"
+        if not self.compared:
+            return f"{span} replayed, but the run recorded no values for them: nothing to compare (the training gives none to maybe_save(metrics=...)?)"
+        if self.unrecorded:
+            return (
+                f"{span} replayed: {len(self.compared)} bit-identical to the record; not recorded: {', '.join(map(str, self.unrecorded))}"
+            )
+        return f"{span} bit-identical to the record ({self.ranks} ranks, every value)"
+
+    def to_json(self) -> dict[str, Any]:
+        """The comparison as a JSON-able dict."""
+        diff = None
+        if self.difference is not None:
+            rank, d = self.difference
+            diff = {"step": d.step, "rank": rank, "fields": {k: [_num(a), _num(b)] for k, (a, b) in d.fields.items()}}
+        return {
+            "first": self.first, "last": self.last, "ranks": self.ranks, "identical": self.identical, "compared": list(self.compared),
+            "unrecorded": list(self.unrecorded), "difference": diff, "message": self.message(),
+        }  # fmt: skip
+
+
+def compare_records(
+    recorded: Mapping[int, Mapping[int, Mapping[str, float]]],
+    replayed: Mapping[int, Mapping[int, Mapping[str, float]]],
+    first: int,
+    last: int,
+) -> RecordComparison:
+    """Each rank's replayed values of steps ``first``..``last`` against the run's record
+    (``rank -> step -> values``): the first differing step (the lowest rank at it) is the verdict."""
+    steps = range(first, last + 1)
+    unrecorded = tuple(s for s in steps if any(s in replayed.get(r, {}) and s not in recorded.get(r, {}) for r in replayed))
+    compared = tuple(s for s in steps if s not in unrecorded and all(s in replayed.get(r, {}) for r in replayed) and replayed)
+    found: tuple[int, Difference] | None = None
+    for rank in sorted(replayed):
+        d = first_difference(recorded.get(rank, {}), {s: v for s, v in replayed[rank].items() if first <= s <= last})
+        if d is not None and (found is None or d.step < found[1].step):
+            found = (rank, d)
+    return RecordComparison(first, last, len(replayed), compared, found, unrecorded)

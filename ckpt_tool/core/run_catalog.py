@@ -38,6 +38,7 @@ STACKS_REQUEST_NAME = "stacks_request.json"
 HANGS_DIR = "hangs"
 HANG_REPORT_NAME = "report.json"  # in hangs/<id>/, beside each rank's rank_R.txt
 ANOMALY_NAME = "anomaly.json"
+COMMAND_NAME = "command.json"
 METRICS_DIR = "metrics"
 METRICS_PATTERN = "rank_{rank}.jsonl"  # in metrics/
 
@@ -75,6 +76,8 @@ FILES: tuple[RunFile, ...] = (
     RunFile(f"{HANGS_DIR}/<id>/", 1, "ckpt run (each node its ranks' rank_R.txt; report.json), ckpt stacks", "ckpt status, ckpt history, people",
             "one hang or request: each rank's Python stacks (all threads), each node's reach.NODE.json (the peers it reached) and report.json"),
     RunFile(HANG_REPORT_NAME, 1, "ckpt run, ckpt stacks", "ckpt status, ckpt stacks", "in hangs/<id>/: the culprit(s), the victims, every rank's verdict"),
+    RunFile(COMMAND_NAME, 1, "ckpt run (at its start)", "ckpt replay",
+            "the training command ckpt run ran: its arguments after --, the directory it ran in, the processes per node"),
     RunFile(ANOMALY_NAME, 1, "the training (rank 0, at a wrong number and at the replay's verdict)", "every rank at its start, ckpt status",
             "the last anomaly: replaying (the step, the checkpoint it replays from, every rank's findings) or done (the verdict)"),
     RunFile(f"{METRICS_DIR}/{METRICS_PATTERN}", 1, "the training (each rank its own, every step it gives metrics)",

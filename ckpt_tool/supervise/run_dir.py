@@ -9,6 +9,7 @@ Every file of it (``core.run_catalog.FILES``) is read and written here and nowhe
   replaced atomically and fsynced (``store.durable.atomic_write``);
 - ``stacks_request.json`` asks every node's watchdog for its ranks' stacks, ``hangs/<id>/``
   holds them (``rank_R.txt``, written by ``supervise.stacks``) and ``report.json``;
+- ``command.json``: the training command ``ckpt run`` ran (``write_command``/``read_command``);
 - ``anomaly.json``: the last wrong number and its replay (``write_anomaly``/``read_anomaly``);
   ``metrics/rank_R.jsonl``: each rank's values, a line a step (``MetricsRecord``, ``recent_metrics``);
 - ``ranks.NODE.json``, ``rank_health.NODE.json``: rewritten every few seconds, replaced
@@ -332,6 +333,19 @@ def read_rank_stacks(hang_dir: Path) -> list[str]:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "node"
+
+
+# ----------------------------------------------------------------------------- command.json
+
+
+def write_command(run_dir: Path, command: list[str], cwd: str, nproc_per_node: int) -> None:
+    """``command.json``: the training command ``ckpt run`` runs (``ckpt replay`` runs it again)."""
+    _write(run_dir / catalog.COMMAND_NAME, {"command": list(command), "cwd": cwd, "nproc_per_node": nproc_per_node}, durable=False)
+
+
+def read_command(run_dir: Path) -> dict[str, Any] | None:
+    """``command.json`` as written, or None (a run from before it, or torn)."""
+    return _read(run_dir / catalog.COMMAND_NAME)
 
 
 # ----------------------------------------------------------------------------- anomaly.json and metrics/

@@ -62,6 +62,7 @@ from ckpt_tool.supervise.run_dir import (
     read_reach,
     read_stacks_request,
     read_timeouts,
+    write_command,
     write_hang_report,
     write_ranks,
     write_reach,
@@ -155,6 +156,7 @@ class Watchdog:
         argv = torchrun_argv(self.cfg)
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
         self.event("start", argv=argv, timeouts=self.timeouts(), gpu_monitor=self.no_gpu or "NVML")
+        write_command(self.cfg.run_dir, list(self.cfg.command), os.getcwd(), self.cfg.nproc_per_node)  # for ckpt replay
         # SLURM delivers USR1/TERM to every process of the step, torchrun included, and USR1's
         # default action kills it: torchrun and the ranks ignore USR1 (the ranks get the request
         # on the channel); a rank under `ckpt run` turns TERM into the same request.

@@ -64,6 +64,8 @@ from ckpt_tool.training.saver import Saver
 __all__ = ["CheckpointConfig", "CheckpointManager", "Stateful"]
 
 log = logging.getLogger("ckpt_tool")
+ENV_REPLAY_UNTIL = "CKPT_REPLAY_UNTIL"  # set by `ckpt replay`: the last step to run (then the process exits 0)
+ENV_REPLAY_FROM = "CKPT_REPLAY_FROM"  # ... and the step it replays from: nothing else may be loaded
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -142,6 +144,14 @@ class CheckpointManager:
         self.hb.timer.rank, self.hb.timer.world_size = self.comm.rank, self.comm.world_size  # its slots in the step sync
         self.store = self._open_store(Path(config.directory))
         exported = os.environ.get("CKPT_DIR")
+        replay_until = os.environ.get(ENV_REPLAY_UNTIL)
+        self.replay_until = int(replay_until) if replay_until else None  # under `ckpt replay`: its last step
+        if self.replay_until is not None and (not exported or Path(exported).resolve() != self.store.root.resolve()):
+            raise CkptError(
+                f"ckpt replay runs this script on a copy in {exported}, but it saves to {self.store.root}: the replay would write there",
+                "give the checkpoint directory from $CKPT_DIR (or --ckpt-dir, which ckpt replay points at its copy), or replay with -- COMMAND",
+                ExitCode.USAGE,
+            )
         if exported and self.comm.is_coordinator and Path(exported).resolve() != self.store.root.resolve():
             log.warning(
                 "ckpt: CKPT_DIR is %s (set by `ckpt run`/`ckpt submit`) but this run saves to %s: `ckpt status` and `ckpt recover` look in CKPT_DIR",
@@ -166,7 +176,9 @@ class CheckpointManager:
         self._env = env
         run_dir = Path(os.environ.get("CKPT_RUN_DIR") or self.store.root / "run")
         assert not isinstance(config.anomaly, str)  # CheckpointConfig made it a policy
-        self.anomalies = AnomalyWatch(run_dir, self.comm.rank, config.anomaly)
+        # a replay under `ckpt replay` records its values to compare them; what they say is its report
+        policy = dataclasses.replace(config.anomaly, mode="warn") if self.replay_until is not None else config.anomaly
+        self.anomalies = AnomalyWatch(run_dir, self.comm.rank, policy)
         self.replicas = ReplicaCheck(model, self.comm.world_size, config.replica_check_every)
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.plan: ReshardPlan | None = None  # set when resume() resharded
@@ -252,6 +264,14 @@ class CheckpointManager:
             else:
                 progress.progress.info(progress.resumed_line(resumed.step, Path(resumed.where), resumed.skipped))
         self.anomalies.start(resumed.step if resumed is not None else None)
+        start = os.environ.get(ENV_REPLAY_FROM)
+        if self.replay_until is not None and start and (resumed is None or resumed.step != int(start)):
+            raise CkptError(
+                f"ckpt replay: step {start} did not load ({'nothing was left to load' if resumed is None else f'step {resumed.step} was loaded instead'}): "
+                "the lines above say why (damage found while loading, a probe that no longer matches?)",
+                f"check it: ckpt validate and ckpt verify on the checkpoint directory (step {start})",
+                ExitCode.FAILED,
+            )
         if resumed is None:
             self.hb.beat(0, "step")
             return None
@@ -304,6 +324,10 @@ class CheckpointManager:
             values = {**(values or {}), f"{FINGERPRINT}replicas": digest(prints)}
         finding = self.anomalies.observe(step, values) if values is not None else None
         stop, flagged = self._step_sync(step, finding is not None) if self.hb.active else (False, finding is not None)
+        if self.replay_until is not None and step >= self.replay_until:
+            self.close(final=False)  # the values of the replayed steps are recorded: nothing to save
+            log.warning("ckpt: replayed up to step %d (ckpt replay): stopping", step)
+            raise SystemExit(0)
         if step == self.anomalies.replay_step:
             self._replay_verdict(step)  # every rank knows the step: they gather there together
             if prints is not None and (parted := self.replicas.compare(step, prints, self.comm)):

@@ -87,3 +87,42 @@ def newest_per_step(lines: list) -> list:
     for m in lines:
         newest[m.step if hasattr(m, "step") else m["step"]] = m
     return [newest[k] for k in sorted(newest)]
+
+
+def edit_one_value(ckpt_dir: Path, step: int, key: str, factor: float = 2.0) -> tuple[float, float]:
+    """The first element of ``key``'s first shard times ``factor`` (2: its exponent's lowest bit
+    flipped; a one-ulp change of an Adam moment is lost in the update's rounding), in place in its DCP file, and
+    that file's hash in the manifest made to match: a checkpoint edited by hand, which still loads
+    (the hashes agree). Returns (old, new) value. DCP stores a tensor item as a torch.save zip
+    whose data is not compressed: the element is found by its bytes."""
+    import dataclasses
+    import io
+
+    import torch
+
+    from ckpt_tool.core.layout import MANIFEST_NAME
+    from ckpt_tool.store.checksums import binding_seed, hash_file
+    from ckpt_tool.store.durable import atomic_write
+    from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.training.safe_dcp import load_metadata_safely
+
+    store = CheckpointStore(ckpt_dir)
+    directory = store.step_path(step)
+    with open(directory / ".metadata", "rb") as f:
+        metadata = load_metadata_safely(f)
+    info = next(info for index, info in metadata.storage_data.items() if index.fqn == key)
+    path = directory / info.relative_path
+    raw = bytearray(path.read_bytes())
+    item = bytes(raw[info.offset : info.offset + info.length])
+    tensor = torch.load(io.BytesIO(item), weights_only=True).contiguous().view(-1)
+    at = info.offset + item.find(tensor[:16].numpy().tobytes())
+    old = float(tensor[0])
+    new = tensor[:1] * factor
+    raw[at : at + 4] = new.numpy().tobytes()
+    path.write_bytes(bytes(raw))
+    manifest = store.read_manifest(step)
+    digest = hash_file(path, binding_seed(manifest.run_id, step, path.name))
+    files = tuple(dataclasses.replace(f, hash=digest.hash) if f.path == path.name else f for f in manifest.files)
+    atomic_write(directory / MANIFEST_NAME, dataclasses.replace(manifest, files=files).to_json().encode())
+    assert store.check_files(step).ok
+    return old, float(new[0])

@@ -16,7 +16,7 @@ from ckpt_tool.core.node_ledger import fold_health
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.recipes.launch import compare_runs, read_metrics
 
-from .conftest import ckpt_cli, ckpt_json, newest_per_step
+from .conftest import ckpt_cli, ckpt_json, edit_one_value, newest_per_step
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +68,46 @@ def test_a_batch_that_makes_the_loss_nan_every_time_stops_the_run_and_blames_nob
     assert "fix the data or the model" in s.log_tail(20000)
     # nothing after step 10 was committed: the newest checkpoint is from before the NaN
     assert not (s.ckpt / "step_00000015").exists() and (s.ckpt / "step_00000010").exists()
+
+
+def test_ckpt_replay_of_a_finished_run_is_bit_identical_and_names_an_edited_checkpoints_first_difference(supervised, tmp_path):
+    """`ckpt replay` runs the command ckpt run recorded, from a copy of one step: a finished run's
+    steps come out bit-identical to its record; an Adam moment doubled by hand (its file's hash
+    made to match, so it loads) shows as the first step whose values differ; a weight edited the
+    same way is refused at the load (the probe no longer matches). The run's directory is only read."""
+    s = supervised(steps=25)
+    assert s.run() == ExitCode.OK, s.log_tail()
+    before = sorted((p.relative_to(s.ckpt), p.stat().st_mtime_ns) for p in s.ckpt.rglob("*") if "run" not in p.parts)
+    same = ckpt_cli("replay", s.ckpt, "--run-dir", s.run_dir, "--from", "20", "--steps", "5", timeout=300)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "steps 21..25 bit-identical to the record (2 ranks, every value)" in same.stdout, same.stdout
+    assert "-m ckpt_tool.recipes.tiny_gpt" in same.stdout and "the replay wrote there too" in same.stderr  # its --metrics file
+    edit_one_value(s.ckpt, 20, "optim.state.tok.weight.exp_avg")
+    proc = ckpt_cli(
+        "replay", s.ckpt, "--run-dir", s.run_dir, "--from", "20", "--steps", "5", "--work", tmp_path / "work", "--json", timeout=300
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    edited = json.loads(proc.stdout)
+    diff = edited["difference"]
+    assert not edited["identical"] and 21 < diff["step"] <= 25 and diff["rank"] in (0, 1), edited  # the update after it differs
+    assert f"step {diff['step']} differs from the record on rank {diff['rank']}" in edited["message"]
+    assert (tmp_path / "work" / "replay.log").exists() and edited["work"] == str(tmp_path / "work")
+    edit_one_value(s.ckpt, 15, "model.ln_f.weight")  # a weight every token goes through: the probe sees it
+    weight = ckpt_cli("replay", s.ckpt, "--run-dir", s.run_dir, "--from", "15", "--steps", "2", timeout=300)
+    assert weight.returncode == 1 and "checkpoint step 15 is damaged (verify" in weight.stderr, weight.stderr
+    after = sorted((p.relative_to(s.ckpt), p.stat().st_mtime_ns) for p in s.ckpt.rglob("*") if "run" not in p.parts)
+    assert [p for p, _ in after] == [p for p, _ in before]  # nothing added or moved in the run's directory by the replays
+
+
+def test_ckpt_replay_refuses_what_it_cannot_run(ckpt, tmp_path):
+    """A run that recorded no command (plain torchrun), a work directory in use, no steps."""
+    none = ckpt_cli("replay", ckpt, "--from", "15")
+    assert none.returncode == 2 and "no recorded training command" in none.stderr and "-- train.py" in none.stderr, none.stderr
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("mine")
+    busy = ckpt_cli("replay", ckpt, "--from", "15", "--work", tmp_path / "busy", "--", "train.py")
+    assert busy.returncode == 2 and "is not empty" in busy.stderr and (tmp_path / "busy" / "x").read_text() == "mine"
+    zero = ckpt_cli("replay", ckpt, "--steps", "0", "--", "train.py")
+    assert zero.returncode == 2 and "replay at least one step" in zero.stderr
+    missing = ckpt_cli("replay", ckpt, "--from", "7", "--", "train.py")
+    assert missing.returncode == 3, missing.stderr

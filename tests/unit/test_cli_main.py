@@ -160,7 +160,7 @@ def test_a_training_module_next_to_the_user_is_found_as_torchrun_will(tmp_path, 
 
 
 def test_the_ranks_error_line_is_found_in_torchruns_output():
-    from ckpt_tool.cli.torchrun import ranks_error
+    from ckpt_tool.core.torchrun_output import ranks_error
 
     stderr = (
         '[rank0]:   File "/work/train.py", line 26, in <module>\n'
@@ -172,6 +172,11 @@ def test_the_ranks_error_line_is_found_in_torchruns_output():
     assert ranks_error(stderr) == "ValueError: invalid literal for int() with base 10: 'ck'"
     assert ranks_error("just this\n\n") == "just this"
     assert ranks_error("") == "no output"
+    # a checkpoint found damaged while loading comes first, then a ckpt-tool error as the recipes print it
+    ours = "rank 1: error: LATEST names step 15, which is not a committed checkpoint\n" + stderr
+    assert ranks_error(ours) == "LATEST names step 15, which is not a committed checkpoint"
+    damaged = "ckpt: checkpoint step 15 is damaged (verify loss: recorded 5.2, measured 5.1 (exact)): quarantining it\n" + ours
+    assert ranks_error(damaged) == "checkpoint step 15 is damaged (verify loss: recorded 5.2, measured 5.1 (exact)): quarantining it"
 
 
 def test_an_entry_points_unexpected_error_is_reported_with_where_not_lost(tmp_path, capsys):
