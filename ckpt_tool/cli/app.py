@@ -28,7 +28,9 @@ EXIT_CODES = (
     "75 (`ckpt run`) stopped after a checkpoint on request: requeue · 76 (`ckpt run`) crash loop · "
     "77 (`ckpt run`) a node keeps failing: the round ended so that the job can leave it behind · "
     "78 saves failed (disk full, read-only, I/O error) max_failed_saves times in a row or at the final save; "
-    "the previous checkpoint is intact and `ckpt run` does not restart\n\n"
+    "the previous checkpoint is intact and `ckpt run` does not restart · "
+    "79 a wrong value (NaN, infinity, replicas that part) that the replay from the checkpoint reproduced: "
+    "the data or the model, not the hardware; not restarted\n\n"
     "Add --debug anywhere among ckpt's own options for a traceback instead of a message; "
     "options after `--` belong to the training command."
 )

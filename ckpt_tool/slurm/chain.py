@@ -35,6 +35,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from ckpt_tool.errors import RESTART_CANNOT_HELP
+
 # --------------------------------------------------------------------------- config and state
 
 
@@ -378,6 +380,9 @@ def _on_run_exit(cfg: ChainConfig, st: ChainState, rc: int) -> Step:
     if st.stopping or rc == 75:  # asked to stop: requeue whatever the exit (128+n: killed before its handler)
         st2, actions = _requeue_or_stop(cfg, st)
         return st2, (said, *actions)
+    if rc in RESTART_CANNOT_HELP:  # the same command, checkpoint or data fails the same way on any node
+        why = f"training stopped on an error a restart cannot fix (exit {rc}: {CANNOT_HELP_WORDS.get(rc, 'see the events')}): not requeuing (see ckpt status)"
+        return _end(st, said, Log(why), note("job_failed", exit_code=rc), code=rc)
     return replace(st, phase="nodes", after_failure=True, last_rc=rc), (said, AskNodes(after_failure=True, active=st.active))
 
 
@@ -461,6 +466,13 @@ class RunSpec:
     straggler_suspect: bool = False
 
 
+CANNOT_HELP_WORDS = {
+    2: "bad arguments or input",
+    3: "no valid checkpoint",
+    4: "the checkpoint does not fit the run, or another job holds the directory",
+    78: "saves kept failing: the disk",
+    79: "a wrong value the replay reproduced: the data or the model",
+}
 STOP_HOLD_S = 60.0  # the longest a stop waits for the round's ckpt runs to install their handlers
 
 

@@ -207,6 +207,21 @@ def test_a_failed_round_and_nodes_stop_is_the_trainings_failure():
     assert notes(actions)[-1] == ("job_failed", {"exit_code": "76"}) and actions[-1] == Exit(76)
 
 
+@pytest.mark.parametrize(
+    "rc, words",
+    [
+        (79, "a wrong value the replay reproduced: the data or the model"),
+        (78, "saves kept failing: the disk"),
+        (2, "bad arguments or input"),
+    ],
+)
+def test_a_round_that_ends_on_an_error_no_restart_fixes_ends_the_job_without_asking_the_nodes(rc, words):
+    _, actions = walk(*STARTED, RunExited(rc))
+    assert not [a for a in actions if isinstance(a, AskNodes) and a.after_failure]
+    assert f"training stopped on an error a restart cannot fix (exit {rc}: {words}): not requeuing" in logs(actions)
+    assert notes(actions)[-1] == ("job_failed", {"exit_code": str(rc)}) and actions[-1] == Exit(rc)
+
+
 def test_shrink_leaves_the_node_behind_and_goes_on_with_the_next_round():
     st, actions = walk(*STARTED, RunExited(77), NodesSaid("shrink", "n1", "n2", "-"))
     assert actions[-1] == Shrink("n1")

@@ -35,6 +35,7 @@ def test_help_shows_exit_codes_debug_and_completion(capsys):
         "4 the checkpoint does not fit",
         "75",
         "76",
+        "79 a wrong value",
         "--debug",
         "--install-completion",
         "--version",
