@@ -71,6 +71,14 @@ class CheckResult:
     seconds: float
 
 
+def check_detail(output: str) -> str:
+    """What a node check said, for its event: its own last line; srun's own (``srun: ...``, e.g.
+    the step's termination it adds after a failing check, or not at all) only when it said nothing."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    own = [line for line in lines if not line.startswith("srun: ")]
+    return (own or lines or [""])[-1][:200]
+
+
 def _names(text: str) -> list[str]:
     return [n for n in text.split(",") if n and n != "-"]
 
@@ -306,8 +314,7 @@ class Job:
                 proc.kill()
                 output, _ = proc.communicate()
             code = None
-        lines = [line.strip() for line in output.decode(errors="replace").splitlines() if line.strip()]
-        detail = lines[-1][:200] if lines else ""
+        detail = check_detail(output.decode(errors="replace"))
         if code is None:
             detail = f"timed out after {self.node_check.timeout_s:g} s" + (f"; last output: {detail}" if detail else "")
         return CheckResult(node, code == 0, code, detail, time.monotonic() - started)

@@ -388,3 +388,15 @@ def test_ckpt_job_outside_a_batch_job_is_a_usage_error(tmp_path):
     assert proc.returncode == 2
     assert "SLURM_JOB_ID is not set" in proc.stderr and "ckpt submit" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_node_checks_detail_is_its_own_last_line_not_the_one_srun_adds():
+    """CI saw srun's "Terminating StepId" after a failing check become its detail."""
+    from ckpt_tool.slurm.job import check_detail
+
+    said = "check on n3\nsrun: error: n3: task 0: Exited with exit code 1\nsrun: launch/slurm: _step_signal: Terminating StepId=8.1\n"
+    assert check_detail(said) == "check on n3"
+    assert check_detail("srun: error: Unable to create step for job 8: Invalid node name specified\n") == (
+        "srun: error: Unable to create step for job 8: Invalid node name specified"
+    )
+    assert check_detail("") == "" and check_detail("x" * 300) == "x" * 200
