@@ -43,6 +43,7 @@ SCRIPTS = (
     "stragglers",
     "hot_spares",
     "hang_stacks",
+    "wrong_numbers",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {
