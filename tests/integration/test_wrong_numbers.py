@@ -44,6 +44,9 @@ def test_a_nan_in_one_ranks_gradient_is_replayed_its_rank_named_and_the_run_ends
     assert math.isnan(first12.grad_norm)
     comparison = compare_runs(reference_run.metrics_lines(), newest_per_step(lines))
     assert comparison.identical and comparison.steps_compared == 40, comparison.mismatches[:3]
+    # two runs, one checkpoint each: the one that lost step 12 to a NaN ends where the other does
+    same = ckpt_cli("diff", s.ckpt, reference_run.ckpt_dir)
+    assert same.returncode == 0 and "identical: all " in same.stdout and "(run: " in same.stdout, same.stdout + same.stderr
     # the run directory says it: anomaly.json, each rank's values, ckpt status
     record = json.loads((s.run_dir / "anomaly.json").read_text())
     assert record["status"] == "done" and record["verdict"] == "transient" and record["from"] == 10
