@@ -328,17 +328,7 @@ class CheckpointManager:
             self.close(final=False)  # the values of the replayed steps are recorded: nothing to save
             log.warning("ckpt: replayed up to step %d (ckpt replay): stopping", step)
             raise SystemExit(0)
-        if step == self.anomalies.replay_step:
-            self._replay_verdict(step)  # every rank knows the step: they gather there together
-            if prints is not None and (parted := self.replicas.compare(step, prints, self.comm)):
-                self._on_anomaly(step, parted)  # still apart after the replay: a second anomaly, it stops
-        elif not self.anomalies.replaying(step):
-            # under ckpt run a finding rode on the step's collective: every rank gathers them here
-            found = ([a for a in self.comm.main_gather(finding) if a is not None] if self.hb.active else [finding]) if flagged else []
-            if prints is not None:
-                found += self.replicas.compare(step, prints, self.comm)
-            if found:
-                self._on_anomaly(step, found)  # returns only to warn
+        self._judge_step(step, finding, flagged, prints)
         saved = False
         if stop:
             self.saver.closing = True  # the stop's save is the last: a failure stops (exit 78), it cannot say "committed"
@@ -363,6 +353,25 @@ class CheckpointManager:
         return stop, best[0] > 0
 
     # ------------------------------------------------------------------ wrong numbers
+    def _judge_step(self, step: int, finding: Anomaly | None, flagged: bool, prints: list[int] | None) -> None:
+        """The step's wrong numbers (the same decision on every rank): a replay's verdict at its
+        step, else the findings (this rank's, every rank's when one was flagged on the step's sync)
+        and the replicas' comparison when they were fingerprinted. Returns only to go on."""
+        if step == self.anomalies.replay_step:
+            self._replay_verdict(step)  # every rank knows the step: they gather there together
+            if prints is not None and (parted := self.replicas.compare(step, prints, self.comm)):
+                self._on_anomaly(step, parted)  # still apart after the replay: a second anomaly, it stops
+            return
+        if self.anomalies.replaying(step):
+            return  # the replay's steps are compared at its verdict, not judged one by one
+        found: list[Anomaly] = []
+        if flagged:  # under ckpt run a finding rode on the step's collective: every rank gathers them here
+            found = [a for a in self.comm.main_gather(finding) if a is not None] if self.hb.active else [finding] if finding else []
+        if prints is not None:
+            found += self.replicas.compare(step, prints, self.comm)
+        if found:
+            self._on_anomaly(step, found)  # returns only to warn
+
     def _newest_checkpoint(self) -> int | None:
         steps = [s for s in (self.saver.last_saved_step, self._local_step) if s is not None]
         return max(steps) if steps else None
