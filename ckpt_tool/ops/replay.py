@@ -99,6 +99,23 @@ def pointed_at_copy(command: Sequence[str], ckpt_dir: Path, run_dir: Path, copy_
     return out, outside
 
 
+def _check_recorded(recorded: dict, run_dir: Path) -> None:
+    """``command.json`` as ckpt run writes it (a list of words, a directory, a count), or a ``CkptError``."""
+    command, cwd, nproc = recorded.get("command"), recorded.get("cwd"), recorded.get("nproc_per_node")
+    if not (
+        isinstance(command, list)
+        and command
+        and all(isinstance(w, str) for w in command)
+        and isinstance(cwd, str)
+        and isinstance(nproc, int)
+    ):
+        raise CkptError(
+            f"{run_dir / 'command.json'} is not what ckpt run writes (a list of words, the directory it ran in, the processes per node)",
+            "give the command instead: ckpt replay CKPT_DIR --from STEP -- train.py ARGS",
+            ExitCode.USAGE,
+        )
+
+
 def recorded_values(run_dir: Path, ranks: int, after: int, until: int) -> dict[int, dict[int, dict[str, float]]]:
     """Each rank's recorded values of the steps after ``after`` up to ``until`` (the newest of each)."""
     return {r: rd.recent_metrics(run_dir, r, after, until) for r in range(ranks)}
@@ -130,6 +147,9 @@ def replay(
             "ckpt replay CKPT_DIR --from STEP -- train.py ARGS (or -- -m package.module ARGS)",
             ExitCode.USAGE,
         )
+    if not command:
+        assert recorded is not None
+        _check_recorded(recorded, run_dir)
     work = Path(tempfile.mkdtemp(prefix="ckpt-replay-")) if work is None else work
     if work.exists() and any(work.iterdir()):
         raise CkptError(

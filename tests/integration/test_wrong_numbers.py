@@ -114,3 +114,9 @@ def test_ckpt_replay_refuses_what_it_cannot_run(ckpt, tmp_path):
     assert zero.returncode == 2 and "replay at least one step" in zero.stderr
     missing = ckpt_cli("replay", ckpt, "--from", "7", "--", "train.py")
     assert missing.returncode == 3, missing.stderr
+    (ckpt / "run").mkdir(exist_ok=True)
+    (ckpt / "run" / "command.json").write_text('{"version": 1, "command": "rm -rf /", "cwd": 5}')  # not what ckpt run writes
+    tampered = ckpt_cli("replay", ckpt, "--from", "15")
+    assert tampered.returncode == 2 and "is not what ckpt run writes" in tampered.stderr and "Traceback" not in tampered.stderr
+    nowhere = ckpt_cli("replay", ckpt, "--from", "15", "--steps", "1", "--", str(tmp_path / "no_such_train.py"), timeout=120)
+    assert nowhere.returncode == 1 and "can't open file" in nowhere.stderr and "no_such_train.py" in nowhere.stderr, nowhere.stderr

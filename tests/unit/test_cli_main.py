@@ -176,6 +176,8 @@ def test_the_ranks_error_line_is_found_in_torchruns_output():
     # a checkpoint found damaged while loading comes first, then a ckpt-tool error as the recipes print it
     ours = "rank 1: error: LATEST names step 15, which is not a committed checkpoint\n" + stderr
     assert ranks_error(ours) == "LATEST names step 15, which is not a committed checkpoint"
+    no_script = "[rank0]: /usr/bin/python3.11: can't open file '/x/train.py': [Errno 2] No such file or directory\n" + stderr
+    assert ranks_error(no_script) == "can't open file '/x/train.py': [Errno 2] No such file or directory"
     damaged = "ckpt: checkpoint step 15 is damaged (verify loss: recorded 5.2, measured 5.1 (exact)): quarantining it\n" + ours
     assert ranks_error(damaged) == "checkpoint step 15 is damaged (verify loss: recorded 5.2, measured 5.1 (exact)): quarantining it"
 
