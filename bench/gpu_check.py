@@ -155,6 +155,40 @@ class Check:
             return False, f"not bit-identical: {len(cmp.mismatches)} line(s) differ, missing steps {list(cmp.missing_steps)}", figures
         return True, f"bit-identical over {cmp.steps_compared} steps after a SIGKILL at step {crash_at}", figures
 
+    def wrong_numbers(self) -> tuple[bool, str, dict[str, Any]]:
+        """#35 on the device: a NaN in the gradient at the crash step, once, under ``ckpt run`` (1 rank):
+        the replay from the checkpoint names rank 0 (transient) and the run ends bit-identical to
+        gpt_exact_sync's reference; the replicas' fingerprints taken on the device equal the CPU's."""
+        import torch
+
+        from ckpt_tool.supervise.run_dir import read_events
+        from ckpt_tool.training.replicas import fingerprints
+
+        s, d = self.sizes, self.work / "wrong_numbers"
+        d.mkdir()
+        reference = self.work / "gpt_exact_sync" / "reference" / "metrics.jsonl"
+        if not reference.exists():
+            return False, "needs gpt_exact_sync's reference run (it did not run)", {}
+        args = recipe_args(d / "ckpt", d / "metrics.jsonl", s.gpt_steps, s.gpt_save_every, "--device", self.device, *FAST_ARGS)
+        args += ["--corrupt-at-step", str(s.gpt_crash_at), "--corrupt-rank", "0"]
+        rc = self.sh(ckpt_run_command(1, d / "run", args, ()), d / "log.txt")
+        verdicts = [e for e in read_events(d / "run") if e["event"] == "anomaly_replayed"]
+        newest = {m.step: m for m in read_metrics(d / "metrics.jsonl")} if (d / "metrics.jsonl").exists() else {}
+        cmp = compare_runs(read_metrics(reference), [newest[k] for k in sorted(newest)])
+        t = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
+        same_prints = fingerprints([t.to(self.device)]) == fingerprints([t])
+        figures = {
+            "exit": rc,
+            "verdicts": [v.get("message") for v in verdicts],
+            "identical": cmp.identical,
+            "fingerprints_agree": same_prints,
+        }
+        ok = rc == 0 and [(v["verdict"], v["ranks"]) for v in verdicts] == [("transient", [0])] and cmp.identical and same_prints
+        if not ok:
+            figures["log_tail"] = (d / "log.txt").read_text(errors="replace")[-1500:]
+        detail = f"NaN at step {s.gpt_crash_at}: {verdicts[0]['verdict'] if verdicts else 'no verdict'}"
+        return ok, f"{detail}, rank 0 named, bit-identical: {cmp.identical}; fingerprints device = CPU: {same_prints}", figures
+
     def _inner(self, name: str, folder: str, timeout_s: float) -> tuple[bool, str, dict[str, Any]]:
         """Step ``name`` in a process of its own (``--inner NAME``), its figures read back as JSON."""
         d = self.work / folder
@@ -240,6 +274,7 @@ class Check:
         self.run_step(
             "gpt_exact_sync", lambda: self.exact("gpt_exact_sync", GPT, list(FAST_ARGS), s.gpt_steps, s.gpt_crash_at, s.gpt_save_every)
         )
+        self.run_step("wrong_numbers", self.wrong_numbers)
         self.run_step("cnn_exact_amp", lambda: self.exact("cnn_exact_amp", CNN, ["--amp"], s.cnn_steps, s.cnn_crash_at, 4))
         self.run_step("big_save", self.big_save)
         self.run_step("fast_tier", self.fast_tier)
