@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,17 @@ def small_tmpfs() -> Iterator[Callable[[Path, str], Path]]:
     yield mount
     for path in reversed(mounted):
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextmanager
+def read_only_view(src: Path, at: Path) -> Iterator[Path]:
+    """``src`` seen read-only at ``at`` (a bind mount, remounted read-only; root only), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    at.mkdir()
+    subprocess.run(["mount", "--bind", str(src), str(at)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(at)], check=True)
+        yield at
+    finally:
+        subprocess.run(["umount", "-l", str(at)], check=False)

@@ -59,6 +59,7 @@ class AnomalyWatch:
         self.replayed: dict[int, dict[str, float]] = {}
         self.difference: Difference | None = None
         self._started = False
+        self._no_record = False  # the record could not be opened: not tried again
 
     @property
     def replay_step(self) -> int | None:
@@ -80,16 +81,18 @@ class AnomalyWatch:
                 self.replay = None
             else:
                 self.reference = rd.recent_metrics(self.run_dir, self.rank, resumed, int(self.replay["step"]))
-        try:
-            self.record = rd.MetricsRecord(self.run_dir, self.rank)
-        except OSError as exc:
-            log.warning("ckpt: no metrics record (%s): anomalies are still detected, a replay has no reference", exc)
 
     def observe(self, step: int, values: Mapping[str, float]) -> Anomaly | None:
         """This step's values: recorded, then checked (during a replay: compared with the first run
         instead, the verdict comes at ``replay_step``). Returns this rank's finding, or None."""
         if not self._started:
             self.start(None)
+        if self.record is None and not self._no_record:  # opened at the first values: a run that gives none writes nothing
+            try:
+                self.record = rd.MetricsRecord(self.run_dir, self.rank)
+            except OSError as exc:
+                self._no_record = True
+                log.warning("ckpt: no metrics record (%s): wrong values are still found, a replay has no reference", exc)
         if self.record is not None:
             self.record.append(step, values)
         if self.replay is not None and step <= int(self.replay["step"]):
@@ -148,7 +151,7 @@ class AnomalyWatch:
                 self.record.flush()
             except OSError as exc:
                 log.warning("ckpt: metrics record %s: %s (turned off)", self.record.path, exc)
-                self.record = None
+                self.record, self._no_record = None, True
 
     def close(self) -> None:
         """Flush and close the record."""

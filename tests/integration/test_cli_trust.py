@@ -8,10 +8,7 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from ckpt_tool.core import layout
 from ckpt_tool.store.store import CheckpointStore
 
 from ..as_nobody import as_nobody, cli_as_nobody
+from ..conftest import read_only_view
 from .conftest import ckpt_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -172,20 +170,6 @@ def test_commands_say_what_they_found_instead_of_an_empty_table(ckpt, capsys, tm
 
 
 # ------------------------------------------------------------------ read-only means read-only
-@contextmanager
-def read_only_view(src: Path, at: Path) -> Iterator[Path]:
-    """``src`` seen read-only at ``at`` (a bind mount, remounted read-only; root only), unmounted after."""
-    if os.geteuid() != 0:
-        pytest.skip("a read-only bind mount needs root")
-    at.mkdir()
-    subprocess.run(["mount", "--bind", str(src), str(at)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(at)], check=True)
-        yield at
-    finally:
-        subprocess.run(["umount", "-l", str(at)], check=False)
-
-
 @pytest.fixture
 def read_only_copy(ckpt, tmp_path):
     with read_only_view(ckpt, tmp_path / "ro") as ro:
