@@ -68,3 +68,17 @@ def test_no_bracketed_words_of_a_docstring_are_eaten_as_markup():
         shown = " ".join(runner.invoke(app, [*words, "--help"], env={"COLUMNS": "300"}).output.split())
         lost += [(" ".join(words), seg) for seg in re.findall(r"\[[^\]]*\]", doc) if " ".join(seg.split()) not in shown]
     assert not lost, f"bracketed text missing from --help (escape it as \\\\[ in the docstring): {lost}"
+
+
+def test_a_docstrings_paragraph_reads_as_one_paragraph_not_its_source_lines():
+    """Typer's rich mode keeps every newline of a docstring: at any width each source line broke the
+    text again ("... a rank stopped on an error a" / "restart cannot fix ..."). A paragraph is
+    reflowed; a list item keeps its own line."""
+    from ckpt_tool.cli.help import reflow
+
+    text = _help("run")
+    assert "2, 3 or 4 a rank stopped on an error a restart cannot fix (its message is in the events)" in text, text
+    assert reflow("First line\nof a paragraph.\n\nNext one\nhere.\n- an item\n- another") == (
+        "First line of a paragraph.\n\nNext one here.\n- an item\n- another"
+    )
+    assert reflow(None) is None and reflow("one") == "one"
