@@ -28,7 +28,10 @@ loss shows it (a one-ulp change of an fp32 weight under fp16 autocast).
 
 ``plan_anomaly`` decides what a finding leads to under the run's mode (``replay``, ``stop``,
 ``warn``), with one bound: at most one replay per checkpoint interval (a second finding after a
-replay from the same checkpoint stops with both reports).
+replay from the same checkpoint stops with both reports). An **audit** (``audit_every``) is a
+replay asked for with no wrong value: every N-th save, the steps since the previous checkpoint
+are recomputed and compared before saving; the same bits everywhere is ``audited``, a rank that
+computed other bits is a transient fault like any other (a corruption no spike shows).
 """
 
 from __future__ import annotations
@@ -79,14 +82,15 @@ class AnomalyPolicy:
         return median + self.k * max(MAD_TO_SIGMA * mad, self.min_rel_spread * abs(median))
 
 
-Kind = Literal["nan", "inf", "spike", "replica"]
+Kind = Literal["nan", "inf", "spike", "replica", "audit"]
 
 
 @dataclass(frozen=True)
 class Anomaly:
     """A wrong value: ``rank``'s ``field`` at ``step`` was ``value`` (``kind``: nan, inf, spike above
     ``threshold``; ``replica``: its copy of the parameter ``field`` differs from its replicas', the
-    fingerprints in ``value`` and ``threshold``: its own and the others')."""
+    fingerprints in ``value`` and ``threshold``: its own and the others'; ``audit``: no wrong value,
+    the steps up to ``step`` are to be recomputed and compared, ``CheckpointConfig.audit_every``)."""
 
     rank: int
     step: int
@@ -98,6 +102,8 @@ class Anomaly:
     def describe(self) -> str:
         """One line: which rank, which field, what value, against what."""
         what = {"nan": "NaN", "inf": "infinite"}.get(self.kind)
+        if self.kind == "audit":
+            return f"audit of the steps up to {self.step}"
         if self.kind == "replica":
             return f"rank {self.rank}: its replica of {self.field} differs from the other ranks' copies after step {self.step}"
         if what is not None:
@@ -226,7 +232,7 @@ class Verdict:
     changed first, at ``differs_at``; empty when only values every rank shares changed) or
     ``reproducible`` (the same bits again). ``action``: ``continue`` or ``stop``."""
 
-    kind: Literal["transient", "reproducible"]
+    kind: Literal["transient", "reproducible", "audited"]
     anomalies: tuple[Anomaly, ...]
     ranks: tuple[int, ...] = ()
     differs_at: int | None = None
@@ -236,6 +242,8 @@ class Verdict:
     def message(self) -> str:
         """The verdict in words, for the event log and the user."""
         first = "; ".join(a.describe() for a in self.anomalies)
+        if self.kind == "audited":
+            return f"audit passed: the steps up to {self.step} recomputed from the checkpoint, the same bits on every rank"
         if self.kind == "transient":
             who = (
                 ", ".join(f"rank {r} ({self.fields.get(r, '')})" for r in self.ranks)
@@ -279,6 +287,8 @@ def judge_replay(anomalies: Sequence[Anomaly], replays: Sequence[RankReplay]) ->
     """The verdict from every rank's comparison of its replay with the first run (see the module)."""
     found = tuple(anomalies)
     differing = [r for r in replays if r.difference is not None]
+    if not differing and found and all(a.kind == "audit" for a in found):
+        return Verdict("audited", found)  # recomputed, the same bits on every rank
     if not differing:  # a NaN again, or replicas that part again: a restart would train into it
         stop = any(a.kind in ("nan", "inf", "replica") for a in found)
         return Verdict("reproducible", found, action="stop" if stop else "continue")
@@ -312,6 +322,13 @@ def plan_anomaly(
     restarts the ranks) and a checkpoint to go back to; a second finding after a replay from the
     same checkpoint is not replayed again (one replay per checkpoint interval)."""
     found = "; ".join(a.describe() for a in anomalies)
+    if anomalies and all(a.kind == "audit" for a in anomalies):  # asked for: the mode is about wrong values
+        if not supervised or checkpoint is None or replayed_from == checkpoint:
+            why = (
+                "needs ckpt run" if not supervised else "no checkpoint yet" if checkpoint is None else "this interval was replayed already"
+            )
+            return AnomalyAction("warn", f"{found} skipped ({why})")
+        return AnomalyAction("replay", f"{found}: recomputing them from checkpoint {checkpoint}", checkpoint)
     if mode == "warn":
         return AnomalyAction("warn", f"{found} (anomaly mode warn: training goes on)")
     if mode == "stop":

@@ -191,6 +191,7 @@ SENTENCES: Mapping[str, tuple[str, tuple[str, ...]]] = {
     ),
     "anomaly": ("{why}", ("why",)),
     "anomaly_replayed": ("{message}", ("message",)),
+    "audit": ("{why}", ("why",)),
     "silent_fault": ("rank {rank} computed a wrong value at step {step}; its replay: {differences}", ("rank", "step", "differences")),
 }
 
@@ -201,7 +202,7 @@ ANOMALY_EVENTS = ("anomaly", "anomaly_replayed")
 def last_anomaly(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The newest wrong value in words (``ckpt status``): the replay's verdict when it came, else
     the finding and what it led to (warn, stop, or a replay still under way); None: none yet."""
-    found = [e for e in events if e.get("event") in ANOMALY_EVENTS]
+    found = [e for e in events if e.get("event") in ANOMALY_EVENTS and e.get("verdict") != "audited"]  # a passed audit: no wrong value
     if not found:
         return None
     e = found[-1]

@@ -113,9 +113,10 @@ def add_wrong_number_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corrupt-rank", type=int, default=0, help="with --corrupt-at-step: the rank whose gradient goes wrong")
     p.add_argument(
         "--corrupt-kind",
-        choices=("nan", "bitflip", "spike"),
+        choices=("nan", "bitflip", "spike", "small"),
         default="nan",
-        help="with --corrupt-at-step: a NaN; the top exponent bit flipped (~1e32: the norm overflows); x 2^16 (a lower exponent bit: a spike)",
+        help="with --corrupt-at-step: a NaN; the top exponent bit flipped (~1e32: the norm overflows); x 2^16 (a lower exponent bit: a spike); "
+        "x 1.001 (small: no check of a value sees it, an audit does)",
     )
     p.add_argument(
         "--poison-at-step", type=int, help="fault injection: the batch of this step makes rank 0's loss NaN, every time (data-borne)"
@@ -129,6 +130,9 @@ def add_wrong_number_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anomaly", choices=("replay", "stop", "warn"), default="replay", help="what a wrong number leads to")
     p.add_argument("--anomaly-window", type=int, default=50, help="values per field before spikes are judged (median + k x MAD)")
     p.add_argument("--replica-check-every", type=int, help="compare the replicas every N steps too (default: at every save only; 0: never)")
+    p.add_argument(
+        "--audit-every", type=int, default=0, help="every N-th save, recompute the steps since the previous checkpoint first (0: never)"
+    )
 
 
 def _once(ckpt_dir: Path, what: str, step: int) -> bool:
@@ -144,7 +148,8 @@ def _once(ckpt_dir: Path, what: str, step: int) -> bool:
 def corrupt_gradient_once(args: argparse.Namespace, model: nn.Module, rank: int, step: int) -> None:
     """``--corrupt-at-step``: after the backward, the first element of this rank's piece of the
     first gradient becomes NaN, gets its top exponent bit flipped (a huge value: the norm
-    overflows), or is multiplied by 2^16 (a lower exponent bit: a finite spike), once: a GPU that
+    overflows), is multiplied by 2^16 (a lower exponent bit: a finite spike) or by 1.001 (small:
+    only a recomputation sees it), once: a GPU that
     computed a wrong value in its own shard (the other ranks' values are untouched)."""
     if step != args.corrupt_at_step or rank != args.corrupt_rank or not _once(args.ckpt_dir, "corrupted", step):
         return
@@ -156,6 +161,8 @@ def corrupt_gradient_once(args: argparse.Namespace, model: nn.Module, rank: int,
             flat[0] = float("nan")
         elif args.corrupt_kind == "spike":
             flat[0] *= 2.0**16
+        elif args.corrupt_kind == "small":
+            flat[0] *= 1.001
         else:
             bits = flat[:1].view(torch.int32)
             bits ^= 1 << 30  # the top bit of a float32's exponent

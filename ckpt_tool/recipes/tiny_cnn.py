@@ -173,6 +173,7 @@ def train(args: argparse.Namespace, rank: int, world: int, distributed: bool) ->
             async_save=args.async_save,
             anomaly=AnomalyPolicy(mode=args.anomaly, window=args.anomaly_window),
             replica_check_every=args.replica_check_every,
+            audit_every=args.audit_every,
             entry_point=ENTRY_POINT,
             entry_kwargs={"width": args.width, "dropout": args.dropout},
         ),

@@ -224,6 +224,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
             max_failed_saves=args.max_failed_saves,
             anomaly=AnomalyPolicy(mode=args.anomaly, window=args.anomaly_window),
             replica_check_every=args.replica_check_every,
+            audit_every=args.audit_every,
             entry_point=ENTRY_POINT,
             entry_kwargs={"seq_len": c.seq_len, "d_model": c.d_model, "n_layer": c.n_layer, "n_head": c.n_head, "vocab": c.vocab},
         ),

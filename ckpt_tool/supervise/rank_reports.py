@@ -14,7 +14,7 @@ from ckpt_tool.errors import RESTART_CANNOT_HELP
 
 REPORTS = frozenset({"stopped", "exiting", "crashed", "terminated", "fatal", "replaying"})
 # What the training tells that the watchdog logs as it is (with its node, round and attempt).
-LOGGED = frozenset({"anomaly", "anomaly_replayed", "silent_fault"})
+LOGGED = frozenset({"anomaly", "audit", "anomaly_replayed", "silent_fault"})
 
 
 @dataclass

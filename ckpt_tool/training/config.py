@@ -77,6 +77,11 @@ class CheckpointConfig:
             so a checkpoint never holds replicas that disagree (a silent corruption); a positive
             N compares them every N steps too, 0 never. A disagreement is a wrong value like a
             NaN (``anomaly``). One small all-gather per check; nothing on one rank or plain FSDP.
+        audit_every: every N-th save (0: never), before saving, the steps since the previous
+            checkpoint are recomputed from it and every rank's values compared bit for bit (under
+            ``ckpt run``: a restart and one save interval of compute, each time): a rank that
+            computed other bits is a transient fault, named and charged, even when no value was
+            wrong enough to be found (a corruption that never spikes); the replay's state is saved.
         on_reproducible_anomaly: called on every rank with the ``Verdict`` when a replay reproduced
             a spike (a NaN always stops): return ``"stop"`` to stop (exit 79), anything else goes
             on (the hook may skip data or lower the learning rate itself).
@@ -108,6 +113,7 @@ class CheckpointConfig:
     local_keep: int = 2
     anomaly: AnomalyPolicy | str = "replay"
     replica_check_every: int | None = None
+    audit_every: int = 0
     on_reproducible_anomaly: Any = None
 
     def __post_init__(self) -> None:
@@ -119,6 +125,8 @@ class CheckpointConfig:
             raise ValueError(
                 f"replica_check_every must be None (at every save), 0 (never) or a positive integer, got {self.replica_check_every!r}"
             )
+        if not isinstance(self.audit_every, int) or self.audit_every < 0:
+            raise ValueError(f"audit_every must be a non-negative integer (saves between audits; 0: never), got {self.audit_every!r}")
         if self.on_reproducible_anomaly is not None and not callable(self.on_reproducible_anomaly):
             raise ValueError(f"on_reproducible_anomaly must be callable (it gets the Verdict), got {self.on_reproducible_anomaly!r}")
         if not isinstance(self.save_every, int) or self.save_every < 0:

@@ -57,7 +57,7 @@ from ckpt_tool.training.local_tier import LocalTier
 from ckpt_tool.training.mesh import run_mesh
 from ckpt_tool.training.probe import ProbeSpec, current_env
 from ckpt_tool.training.rank_state import TrainingState
-from ckpt_tool.training.replicas import ReplicaCheck, digest
+from ckpt_tool.training.replicas import ReplicaCheck, StateFingerprints, digest
 from ckpt_tool.training.resume import Resumed, Resumption
 from ckpt_tool.training.saver import Saver
 
@@ -180,6 +180,8 @@ class CheckpointManager:
         policy = dataclasses.replace(config.anomaly, mode="warn") if self.replay_until is not None else config.anomaly
         self.anomalies = AnomalyWatch(run_dir, self.comm.rank, policy)
         self.replicas = ReplicaCheck(model, self.comm.world_size, config.replica_check_every)
+        # an audit names the rank whose own state changed first: its shards' fingerprints, each step
+        self.state_prints = StateFingerprints(model, optimizer) if config.audit_every else None
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
         self.plan: ReshardPlan | None = None  # set when resume() resharded
         self._last_step: int | None = None  # the last step maybe_save() saw (the final save's step)
@@ -322,13 +324,15 @@ class CheckpointManager:
         values = as_floats(metrics) if metrics is not None else None
         if prints is not None:  # recorded among the step's values: a replay names the rank whose copy changed
             values = {**(values or {}), f"{FINGERPRINT}replicas": digest(prints)}
+        if self.state_prints is not None:
+            values = {**(values or {}), **self.state_prints.values()}
         finding = self.anomalies.observe(step, values) if values is not None else None
         stop, flagged = self._step_sync(step, finding is not None) if self.hb.active else (False, finding is not None)
         if self.replay_until is not None and step >= self.replay_until:
             self.close(final=False)  # the values of the replayed steps are recorded: nothing to save
             log.warning("ckpt: replayed up to step %d (ckpt replay): stopping", step)
             raise SystemExit(0)
-        self._judge_step(step, finding, flagged, prints)
+        self._judge_step(step, finding, flagged, prints, audit=scheduled and not stop and self._audit_due(step))
         saved = False
         if stop:
             self.saver.closing = True  # the stop's save is the last: a failure stops (exit 78), it cannot say "committed"
@@ -353,10 +357,16 @@ class CheckpointManager:
         return stop, best[0] > 0
 
     # ------------------------------------------------------------------ wrong numbers
-    def _judge_step(self, step: int, finding: Anomaly | None, flagged: bool, prints: list[int] | None) -> None:
+    def _audit_due(self, step: int) -> bool:
+        """Whether this scheduled save is an audit's (every ``audit_every``-th; the same on every rank)."""
+        every, interval = self.config.audit_every, self.config.save_every
+        return bool(every and interval and (step // interval) % every == 0)
+
+    def _judge_step(self, step: int, finding: Anomaly | None, flagged: bool, prints: list[int] | None, audit: bool = False) -> None:
         """The step's wrong numbers (the same decision on every rank): a replay's verdict at its
-        step, else the findings (this rank's, every rank's when one was flagged on the step's sync)
-        and the replicas' comparison when they were fingerprinted. Returns only to go on."""
+        step, else the findings (this rank's, every rank's when one was flagged on the step's sync),
+        the replicas' comparison when they were fingerprinted, and an audit when one is due (a
+        replay asked for with no wrong value). Returns only to go on."""
         if step == self.anomalies.replay_step:
             self._replay_verdict(step)  # every rank knows the step: they gather there together
             if prints is not None and (parted := self.replicas.compare(step, prints, self.comm)):
@@ -369,6 +379,8 @@ class CheckpointManager:
             found = [a for a in self.comm.main_gather(finding) if a is not None] if self.hb.active else [finding] if finding else []
         if prints is not None:
             found += self.replicas.compare(step, prints, self.comm)
+        if audit and not found:
+            found = [Anomaly(0, step, "audit", 0.0, "audit")]
         if found:
             self._on_anomaly(step, found)  # returns only to warn
 
@@ -385,7 +397,10 @@ class CheckpointManager:
             self.config.anomaly.mode, found, supervised=self.hb.active, checkpoint=self._newest_checkpoint(), replayed_from=replayed_from
         )  # type: ignore[union-attr]
         for mine in (a for a in found if a.rank == self.comm.rank):
-            self.hb.send_event("anomaly", **mine.to_json(), action=plan.action, why=plan.why)
+            if mine.kind == "audit":
+                self.hb.send_event("audit", step=step, from_step=plan.from_step, action=plan.action, why=plan.why)
+            else:
+                self.hb.send_event("anomaly", **mine.to_json(), action=plan.action, why=plan.why)
         if self.comm.is_coordinator:
             log.warning("ckpt: %s", plan.why)
         if plan.action == "warn":

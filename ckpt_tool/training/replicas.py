@@ -1,6 +1,7 @@
 """Which of a model's parameters are held by several ranks (replicas that must stay bit-identical),
 and a cheap fingerprint of each rank's copy, for the replica check (``CheckpointManager``:
-before every save, and every ``CheckpointConfig.replica_check_every`` steps).
+before every save, and every ``CheckpointConfig.replica_check_every`` steps); and the
+fingerprints of a rank's own state each step for an audit (``StateFingerprints``).
 
 A replica is a copy another rank holds of the same bytes:
 
@@ -25,7 +26,7 @@ import torch
 import xxhash
 from torch import nn
 
-from ckpt_tool.core.anomaly import Anomaly, compare_replicas
+from ckpt_tool.core.anomaly import FINGERPRINT, Anomaly, compare_replicas
 from ckpt_tool.training.comm import Comm
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -102,3 +103,32 @@ def digest(prints: list[int]) -> float:
     """One value for the metrics record from a rank's fingerprints: 52 bits of their xxh3, exact as
     a float (so JSON keeps it bit for bit)."""
     return float(xxhash.xxh3_64_intdigest(",".join(map(str, prints)).encode()) >> 12)
+
+
+def own_pieces(tensors: Iterable[torch.Tensor | None]) -> list[torch.Tensor]:
+    """This rank's pieces of ``tensors`` (a DTensor's local shard, a plain tensor whole; None skipped)."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+
+
+class StateFingerprints:
+    """A rank's gradients (taken by an optimizer pre-step hook: they exist then) and parameters
+    (after the step), each step, as two values of its record (``fingerprint:grads``,
+    ``fingerprint:params``). A replay compares them like any value: the first step whose bits
+    differ, on the rank whose own shard changed, even when the change is too small for any loss
+    to show before it has crossed a collective. For ``audit_every``: two passes over a rank's
+    shards a step (``bench/wrong_numbers.py`` measures them)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self._grads: float | None = None
+        optimizer.register_step_pre_hook(lambda *_: self._take_grads())
+
+    def _take_grads(self) -> None:
+        self._grads = digest(fingerprints(own_pieces(p.grad for p in self.model.parameters())))
+
+    def values(self) -> dict[str, float]:
+        """This step's fingerprints (the gradients' only when the optimizer stepped since the last call)."""
+        out = {f"{FINGERPRINT}params": digest(fingerprints(own_pieces(self.model.parameters())))}
+        if self._grads is not None:
+            out[f"{FINGERPRINT}grads"], self._grads = self._grads, None
+        return out

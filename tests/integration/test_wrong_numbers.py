@@ -57,6 +57,25 @@ def test_a_nan_in_one_ranks_gradient_is_replayed_its_rank_named_and_the_run_ends
     assert ckpt_json("status", s.run_dir, "--json")["last_anomaly"]["verdict"] == "transient"
 
 
+def test_an_audit_finds_a_corruption_no_check_sees_and_names_its_rank(reference_run, supervised):
+    """One gradient element of rank 1 x 1.001 at step 17: no NaN, no spike, no loss shows it for
+    steps. With --audit-every 4 the save of step 20 first recomputes steps 16-20 from step 15:
+    rank 1's own gradient shard differs at step 17, it is named, and the run ends bit-identical;
+    the audit of step 40 passes."""
+    s = supervised("--audit-every", "4", "--corrupt-at-step", "17", "--corrupt-rank", "1", "--corrupt-kind", "small")
+    assert s.run() == ExitCode.OK, s.log_tail()
+    events = s.events()
+    assert [(e["step"], e["from_step"], e["action"]) for e in events if e["event"] == "audit"] == [(20, 15, "replay"), (40, 35, "replay")]
+    assert not [e for e in events if e["event"] == "anomaly"]  # no value was wrong enough to be found
+    first, second = [e for e in events if e["event"] == "anomaly_replayed"]
+    assert (first["verdict"], first["ranks"], first["differs_at"]) == ("transient", [1], 17), first
+    assert "fingerprint:grads" in first["differences"]["1"]
+    assert second["verdict"] == "audited" and "audit passed" in second["message"]
+    assert [e["rank"] for e in events if e["event"] == "silent_fault"] == [1]
+    comparison = compare_runs(reference_run.metrics_lines(), newest_per_step(read_metrics(s.metrics)))
+    assert comparison.identical and comparison.steps_compared == 40, comparison.mismatches[:3]
+
+
 def test_a_batch_that_makes_the_loss_nan_every_time_stops_the_run_and_blames_nobody(supervised):
     s = supervised("--poison-at-step", "12")
     assert s.run() == ExitCode.ANOMALY, s.log_tail()

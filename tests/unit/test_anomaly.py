@@ -170,3 +170,23 @@ def test_replicas_that_part_again_in_the_replay_stop_the_run():
     """A code path that updates the replicas differently: any checkpoint of it would mean one thing or another."""
     verdict = judge_replay([Anomaly(1, 8, "w", 9.0, "replica", 7.0)], [_replay(0), _replay(1)])
     assert (verdict.kind, verdict.action) == ("reproducible", "stop")
+
+
+def test_an_audit_is_a_replay_asked_for_and_its_own_verdict():
+    audit = [Anomaly(0, 20, "audit", 0.0, "audit")]
+    assert audit[0].describe() == "audit of the steps up to 20"
+    plan = plan_anomaly("warn", audit, supervised=True, checkpoint=15, replayed_from=None)  # the mode is about wrong values
+    assert (plan.action, plan.from_step) == ("replay", 15) and "recomputing them from checkpoint 15" in plan.why
+    for kw, why in (
+        ({"supervised": False, "checkpoint": 15, "replayed_from": None}, "needs ckpt run"),
+        ({"supervised": True, "checkpoint": None, "replayed_from": None}, "no checkpoint yet"),
+        ({"supervised": True, "checkpoint": 15, "replayed_from": 15}, "this interval was replayed already"),
+    ):
+        skipped = plan_anomaly("replay", audit, **kw)
+        assert skipped.action == "warn" and why in skipped.why, skipped
+    passed = judge_replay(audit, [_replay(0), _replay(1)])
+    assert (passed.kind, passed.action, passed.ranks) == ("audited", "continue", ())
+    assert passed.message() == "audit passed: the steps up to 20 recomputed from the checkpoint, the same bits on every rank"
+    fp = f"{FINGERPRINT}grads"
+    caught = judge_replay(audit, [_replay(0, None, None, {17: {fp: 1.0}}), _replay(1, 17, {fp: (3.0, 2.0)}, {17: {fp: 3.0}})])
+    assert (caught.kind, caught.ranks, caught.differs_at) == ("transient", (1,), 17)
