@@ -11,10 +11,10 @@ A replica is a copy another rank holds of the same bytes:
   norms and embeddings tensor parallel leaves whole): the ranks that differ only along those
   dimensions hold the same shard.
 
-A ``Shard`` (FSDP) has no replica: there is nothing to compare it with. The fingerprint is an
-integer sum of the tensor's bits, taken on its device (one host transfer for the whole model): a
-flipped bit, a changed ulp, a NaN all change it. ``core.anomaly.compare_replicas`` judges the
-fingerprints of every rank.
+A ``Shard`` (FSDP) has no replica: there is nothing to compare it with. The fingerprint is the
+xxh3 of the tensor's bytes on the CPU, an integer sum of its bits taken on its device elsewhere
+(one host transfer for the whole model): a flipped bit, a changed ulp, a NaN all change it.
+``core.anomaly.compare_replicas`` judges the fingerprints of every rank.
 """
 
 from __future__ import annotations
@@ -66,14 +66,24 @@ def replicated_parameters(model: nn.Module, world_size: int) -> list[Replicated]
 
 
 def fingerprints(tensors: Iterable[torch.Tensor]) -> list[int]:
-    """Each tensor's bits summed as integers (of its element size) into an int64, on the tensor's
-    device; one transfer to the host for all of them."""
-    sums = []
+    """Each tensor's fingerprint: on the CPU the xxh3 of its bytes (read in place, ~10 GB/s); on
+    another device its bits summed as integers into an int64 on the device (no copy to the host
+    but one transfer of the sums). Comparable between ranks and runs on the same kind of device."""
+    out: list[int | None] = []
+    sums: list[torch.Tensor] = []
     for t in tensors:
         flat = t.detach().contiguous().reshape(-1)
-        ints = flat.view(_INT_OF_SIZE[flat.element_size()])
-        sums.append(ints.sum(dtype=torch.int64).cpu() if ints.numel() else torch.zeros((), dtype=torch.int64))
-    return torch.stack(sums).tolist() if sums else []
+        if flat.device.type == "cpu":
+            out.append(xxhash.xxh3_64_intdigest(flat.view(torch.uint8).numpy()) if flat.numel() else 0)
+        else:
+            out.append(None)
+            sums.append(
+                flat.view(_INT_OF_SIZE[flat.element_size()]).sum(dtype=torch.int64)
+                if flat.numel()
+                else flat.new_zeros((), dtype=torch.int64)
+            )
+    on_device = iter(torch.stack(sums).tolist()) if sums else iter(())
+    return [v if v is not None else next(on_device) for v in out]
 
 
 class ReplicaCheck:

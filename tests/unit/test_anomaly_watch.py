@@ -66,3 +66,17 @@ def test_a_directory_that_cannot_be_written_leaves_the_checks_working(tmp_path, 
         assert watch.observe(2, {"loss": 1.0}) is None
         watch.close()
     assert "no metrics record" in caplog.text and "Read-only" in caplog.text
+
+
+def test_a_fingerprint_is_the_same_for_the_same_bits_and_sees_one_ulp():
+    import torch
+
+    from ckpt_tool.training.replicas import fingerprints
+
+    t = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    moved, zero = t.clone(), torch.zeros(3)
+    moved[500] = torch.nextafter(moved[500], torch.tensor(float("inf")))
+    a, b, c = fingerprints([t, t.clone(), moved])
+    assert a == b != c
+    assert fingerprints([zero])[0] != fingerprints([-zero])[0]  # -0.0: other bits
+    assert fingerprints([torch.zeros(0), t.to(torch.bfloat16)])[0] == 0 and len(fingerprints([])) == 0
