@@ -187,7 +187,7 @@ RUN_EVENTS: tuple[EventSpec, ...] = (
               "a rank's value was wrong (NaN, infinite, a spike above median + k x MAD): replay, stop or warn (action)"),
     EventSpec("audit", (*RUN, "rank", "step", "from_step", "action", "why"), _T,
               "an audit (audit_every): the steps up to `step` are recomputed from checkpoint `from_step` and compared (action replay), or skipped (warn)"),
-    EventSpec("anomaly_replayed", (*RUN, "verdict", "ranks", "step", "differs_at", "action", "differences", "anomalies", "message"), _T,
+    EventSpec("anomaly_replayed", (*RUN, "verdict", "ranks", "step", "differs_at", "action", "differences", "anomalies", "message", "data"), _T,
               "the replay's verdict: transient (it differs: a hardware fault; ranks named), reproducible (the data or the model) or audited (an audit: the same bits)"),
     EventSpec("silent_fault", (*RUN, "rank", "step", "differences"), _T,
               "this rank computed a value its replay does not reproduce (a transient hardware fault): its node is charged a failure"),

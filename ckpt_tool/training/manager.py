@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import json
 import logging
 import os
 import signal
@@ -384,6 +385,17 @@ class CheckpointManager:
         if found:
             self._on_anomaly(step, found)  # returns only to warn
 
+    def _data_position(self) -> str:
+        """The data's state now (``data.state_dict()``, e.g. the sampler's epoch and position), as
+        JSON, shortened; empty without one. Where a reproducible wrong value's batch came from."""
+        data = self.state.data
+        if data is None or not hasattr(data, "state_dict"):
+            return ""
+        try:
+            return json.dumps(data.state_dict(), default=str)[:300]
+        except (TypeError, ValueError):
+            return ""
+
     def _newest_checkpoint(self) -> int | None:
         steps = [s for s in (self.saver.last_saved_step, self._local_step) if s is not None]
         return max(steps) if steps else None
@@ -429,15 +441,17 @@ class CheckpointManager:
             if self.config.on_reproducible_anomaly(verdict) == "stop":
                 verdict = dataclasses.replace(verdict, action="stop")
         self.anomalies.end_replay(verdict, self._newest_checkpoint(), write=self.comm.is_coordinator)
+        data = self._data_position()
         if self.comm.is_coordinator:
-            self.hb.send_event("anomaly_replayed", **verdict.to_json())
+            self.hb.send_event("anomaly_replayed", **verdict.to_json(), data=data)
             log.warning("ckpt: %s", verdict.message())
         if self.comm.rank in verdict.ranks:
             self.hb.send_event("silent_fault", step=verdict.differs_at, differences=verdict.fields.get(self.comm.rank, ""))
         if verdict.action == "stop":
             self.comm.main_barrier()  # every rank's events reach the watchdog before any rank's fatal ends the round
+            where = f"; the data's position after step {step} (its batch ends there): {data}" if data else ""
             raise CkptError(
-                f"wrong value in training: {verdict.message()}",
+                f"wrong value in training: {verdict.message()}{where}",
                 "see RUN_DIR/metrics/rank_R.jsonl and anomaly.json; fix the data or the model and start again",
                 ExitCode.ANOMALY,
             )

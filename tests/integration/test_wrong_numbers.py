@@ -88,6 +88,8 @@ def test_a_batch_that_makes_the_loss_nan_every_time_stops_the_run_and_blames_nob
     [fatal] = [e for e in events if e["event"] == "fatal"]
     assert fatal["exit_code"] == ExitCode.ANOMALY and "wrong value in training" in fatal["message"]
     assert "fix the data or the model" in s.log_tail(20000)
+    # where the batch came from: the sampler's position after step 12 (its batch ends there)
+    assert json.loads(verdict["data"])["position"] > 0 and "the data's position after step 12" in fatal["message"], fatal
     # nothing after step 10 was committed: the newest checkpoint is from before the NaN
     assert not (s.ckpt / "step_00000015").exists() and (s.ckpt / "step_00000010").exists()
 
