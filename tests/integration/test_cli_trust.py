@@ -259,7 +259,7 @@ def test_a_shard_this_user_cannot_read_is_not_damage(shard_nobody_cannot_read, a
 
 def test_a_run_directory_this_user_cannot_read_is_a_clear_error(shard_nobody_cannot_read, tmp_path):
     target = shard_nobody_cannot_read
-    (target / "run").mkdir()
+    (target / "run").mkdir(exist_ok=True)
     (target / "run" / "events.jsonl").write_text('{"event": "start", "time": 1.0}\n')
     os.chmod(target / "run" / "events.jsonl", 0o600)  # root's
     for command in ("history", "status"):
