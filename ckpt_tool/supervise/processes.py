@@ -8,11 +8,16 @@ import time
 
 import psutil
 
+from ckpt_tool.supervise.stacks import STACKS_SIGNAL
 
-def ignore_usr1() -> None:
+
+def ignore_job_signals() -> None:
     """For the processes ``ckpt run`` starts: SLURM sends USR1 to every process of the step, and
-    its default action kills (the ranks get the stop request on their channel instead)."""
+    its default action kills (the ranks get the stop request on their channel instead); the stacks
+    signal (``supervise.stacks.STACKS_SIGNAL``) is ignored until a rank arms its handler, so a
+    request that comes first (or last, as the rank exits) cannot kill it."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(STACKS_SIGNAL, signal.SIG_IGN)
 
 
 def alive(pid: int) -> bool:

@@ -57,6 +57,8 @@ def arm(rank: int) -> Path | None:
             _armed.close()
         path.parent.mkdir(parents=True, exist_ok=True)
         _armed = open(path, "a", encoding="utf-8")
+        # what faulthandler gives back when it lets go (at exit): ignore, never the default (terminate)
+        signal.signal(STACKS_SIGNAL, signal.SIG_IGN)
         faulthandler.register(STACKS_SIGNAL, file=_armed, all_threads=True, chain=False)
     except (OSError, RuntimeError, ValueError):
         return None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tool.core.handoff import REFUSED, WARMING
-from ckpt_tool.supervise.processes import ignore_usr1, kill_tree
+from ckpt_tool.supervise.processes import ignore_job_signals, kill_tree
 from ckpt_tool.supervise.spare_maker import OFF, untaken
 
 __all__ = ["WarmPool"]
@@ -53,7 +53,7 @@ class WarmPool:
                 stdout=out,
                 stderr=out,
                 start_new_session=True,
-                preexec_fn=ignore_usr1,
+                preexec_fn=ignore_job_signals,
             )
         (directory / f"{self.maker.pid}{WARMING}").touch()  # launchers wait for its imports
 

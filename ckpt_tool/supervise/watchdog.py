@@ -50,7 +50,7 @@ from ckpt_tool.store.store import newest_step
 from ckpt_tool.supervise import channel, peer_links, round_end, stacks
 from ckpt_tool.supervise.gpu_monitor import open_reader
 from ckpt_tool.supervise.peer_links import LinkCheck, PeerLinks
-from ckpt_tool.supervise.processes import alive, end_launcher, ignore_usr1, kill_tree
+from ckpt_tool.supervise.processes import alive, end_launcher, ignore_job_signals, kill_tree
 from ckpt_tool.supervise.rank_reports import LOGGED, RankReports
 from ckpt_tool.supervise.rank_vitals import RankHealth
 from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
@@ -160,7 +160,7 @@ class Watchdog:
         # SLURM delivers USR1/TERM to every process of the step, torchrun included, and USR1's
         # default action kills it: torchrun and the ranks ignore USR1 (the ranks get the request
         # on the channel); a rank under `ckpt run` turns TERM into the same request.
-        proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=ignore_usr1)
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=ignore_job_signals)
         code = ExitCode.FAILED
         try:
             code = self._supervise(proc, sock)
