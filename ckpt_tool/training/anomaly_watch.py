@@ -94,7 +94,10 @@ class AnomalyWatch:
                 self._no_record = True
                 log.warning("ckpt: no metrics record (%s): wrong values are still found, a replay has no reference", exc)
         if self.record is not None:
-            self.record.append(step, values)
+            try:
+                self.record.append(step, values)  # buffered: a full disk shows when the buffer goes out
+            except OSError as exc:
+                self._record_failed(exc)
         if self.replay is not None and step <= int(self.replay["step"]):
             self.replayed[step] = dict(values)
             if self.difference is None:
@@ -150,14 +153,27 @@ class AnomalyWatch:
             try:
                 self.record.flush()
             except OSError as exc:
-                log.warning("ckpt: metrics record %s: %s (turned off)", self.record.path, exc)
-                self.record, self._no_record = None, True
+                self._record_failed(exc)
+
+    def _record_failed(self, exc: OSError) -> None:
+        """The record cannot be written (a full disk, a vanished directory): off, with a warning;
+        wrong values are still found, a replay from here on has no reference."""
+        assert self.record is not None
+        log.warning("ckpt: metrics record %s: %s (turned off; wrong values are still found)", self.record.path, exc)
+        try:
+            self.record.close()
+        except OSError:
+            pass
+        self.record, self._no_record = None, True
 
     def close(self) -> None:
         """Flush and close the record."""
         self.flush()
         if self.record is not None:
-            self.record.close()
+            try:
+                self.record.close()
+            except OSError as exc:
+                log.warning("ckpt: metrics record %s: %s", self.record.path, exc)
             self.record = None
 
     def _remember(self, values: Mapping[str, float]) -> None:

@@ -80,3 +80,16 @@ def test_a_fingerprint_is_the_same_for_the_same_bits_and_sees_one_ulp():
     assert a == b != c
     assert fingerprints([zero])[0] != fingerprints([-zero])[0]  # -0.0: other bits
     assert fingerprints([torch.zeros(0), t.to(torch.bfloat16)])[0] == 0 and len(fingerprints([])) == 0
+
+
+def test_a_full_disk_turns_the_record_off_and_the_checks_go_on(tmp_path, small_tmpfs, caplog):
+    """The record is buffered: ENOSPC comes when a buffer goes out, in the middle of a step's
+    append; it must not escape into the training (a real 24 KB tmpfs, filled)."""
+    disk = small_tmpfs(tmp_path / "disk", "24k")
+    watch = AnomalyWatch(disk, 0, AnomalyPolicy(window=3))
+    watch.start(None)
+    for step in range(1, 2000):  # ~100 bytes a line: past 24 KB within the loop
+        assert watch.observe(step, {"loss": 2.0 + (step % 3) * 0.01, "grad_norm": 0.5}) is None
+    assert watch.record is None and "No space left on device" in caplog.text and "turned off" in caplog.text
+    assert watch.observe(2000, {"loss": float("nan")}).kind == "nan"
+    watch.close()
