@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import warnings
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from ckpt_tool import CheckpointConfig, CheckpointManager
+from ckpt_tool.supervise.processes import kill_tree
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- quickstart: the test extracts the next python block -->"
@@ -48,7 +48,9 @@ def run_to_end(cwd: Path, ckpt: Path) -> str:
 
 
 def run_and_kill_after(cwd: Path, ckpt: Path, step: int) -> str:
-    """Start the script and SIGKILL torchrun and its ranks once rank 0 printed ``step``."""
+    """Start the script and SIGKILL torchrun and its ranks once rank 0 printed ``step``: the whole
+    process tree at once (torch starts each rank in a session of its own, so a kill of torchrun's
+    process group left the ranks training on: they saved step 20 and the resume began there)."""
     proc = subprocess.Popen(
         [*TORCHRUN, "train.py", str(ckpt)], cwd=cwd, env=torchrun_env(), stdout=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -58,7 +60,7 @@ def run_and_kill_after(cwd: Path, ckpt: Path, step: int) -> str:
         for line in proc.stdout:
             seen.append(line)
             if line.startswith(f"step {step} "):
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree([proc.pid])  # a power cut: torchrun and every rank, SIGKILL at once
                 break
     finally:
         proc.wait(timeout=60)
