@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ckpt_tool.core.anomaly import FINGERPRINT, Anomaly, judge_replay, plan_anomaly
@@ -139,9 +140,11 @@ class CheckpointManager:
         self.probe_spec = probe
         self.hb = hb or heartbeat()
         self.hb.beat(0, "init")  # the supervisor knows this rank from now on (resume may take long)
-        # the control group: the main thread's agreement (the step's sync, the wrong-number checks)
-        # while an async save's collectives run on the manager's group in the background
-        self.comm = comm or Comm(with_control=True)
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.replicas = ReplicaCheck(model, world, config.replica_check_every)
+        # the control group: the main thread's agreement (the step's sync under ckpt run, the replica
+        # check) while an async save's collectives run on the manager's group in the background
+        self.comm = comm or Comm(with_control=self.hb.active or bool(self.replicas.params))
         self.hb.timer.rank, self.hb.timer.world_size = self.comm.rank, self.comm.world_size  # its slots in the step sync
         self.store = self._open_store(Path(config.directory))
         exported = os.environ.get("CKPT_DIR")
@@ -180,7 +183,6 @@ class CheckpointManager:
         # a replay under `ckpt replay` records its values to compare them; what they say is its report
         policy = dataclasses.replace(config.anomaly, mode="warn") if self.replay_until is not None else config.anomaly
         self.anomalies = AnomalyWatch(run_dir, self.comm.rank, policy)
-        self.replicas = ReplicaCheck(model, self.comm.world_size, config.replica_check_every)
         # an audit names the rank whose own state changed first: its shards' fingerprints, each step
         self.state_prints = StateFingerprints(model, optimizer) if config.audit_every else None
         self.extra: dict[str, Any] = {}  # user extras restored by resume()
