@@ -55,6 +55,8 @@ load.dcp                    ``dcp.load`` through the package's safe reader (insi
                             ``resume.load`` and ``reshard.load``)
 load.read_file              reading one file whole while hashing it, before DCP deserializes
                             it (thread-seconds, in the reader's threads)
+load.exchange               the cooperative load sending and receiving the items other ranks
+                            read (after every file was read and checked)
 validate.dcp_metadata       validation's read of the DCP ``.metadata`` with the restricted
                             unpickler (after the file is open)
 recovery.carry_out          the recovery executor carrying out a plan (quarantine, LATEST,
@@ -106,6 +108,7 @@ SPANS: MappingProxyType[str, str] = MappingProxyType(
         "resume.load": "loading the candidate, every file hash-checked as read, and this rank's JSON state",
         "load.dcp": "dcp.load through the package's safe reader",
         "load.read_file": "reading one file whole while hashing it (thread-seconds)",
+        "load.exchange": "the cooperative load sending and receiving the items other ranks read",
         "validate.dcp_metadata": "validation's read of the DCP .metadata with the restricted unpickler",
         "recovery.carry_out": "the recovery executor carrying out a plan under the directory's lock",
         "reshard.load": "the reshard copy loading the source",

@@ -16,6 +16,11 @@ from ckpt_tool.recipes.launch import FAST_ARGS, read_metrics, recipe_args, run, 
 STEPS = 40
 SAVE_EVERY = 5
 
+# Every resume in the tests takes the cooperative load (each byte read once, sent to the ranks that
+# need it), though the ranks share one machine (where its default, cooperative only across nodes,
+# would leave it off): the exactness tests run through it. Inherited by every torchrun launched.
+os.environ.setdefault("CKPT_COOPERATIVE_LOAD", "1")
+
 
 class Recipe:
     """Runs the reference recipe in ``root``: same arguments every time, like a restarted job."""

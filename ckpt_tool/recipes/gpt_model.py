@@ -119,7 +119,8 @@ def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def shard_model(model: TinyGPT, mesh: DeviceMesh) -> TinyGPT:
     """Tensor parallel on ``mesh["tp"]`` (when the mesh has it, size > 1), then FSDP2 on the
-    data-parallel dimension. The mesh's dimensions are named ``dp_shard`` and (optionally) ``tp``."""
+    data-parallel dimensions: ``dp_shard``, or HSDP over ``(dp_replicate, dp_shard)`` when the mesh
+    has both. The mesh's dimensions are named ``dp_shard`` and (optionally) ``dp_replicate`` and ``tp``."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -135,7 +136,10 @@ def shard_model(model: TinyGPT, mesh: DeviceMesh) -> TinyGPT:
         }
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], plan)
-    dp = mesh["dp_shard"] if "tp" in names else mesh
+    if "dp_replicate" in names:
+        dp = mesh["dp_replicate", "dp_shard"]  # a 2-D mesh: fully_shard replicates over the first, shards over the second
+    else:
+        dp = mesh["dp_shard"] if "tp" in names else mesh
     for block in model.blocks:
         fully_shard(block, mesh=dp)
     fully_shard(model, mesh=dp)

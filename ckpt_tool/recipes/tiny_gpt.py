@@ -116,6 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--local-replicas", type=int, default=1, help="fast tier: copies kept on other nodes")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (attention and MLP); data parallel takes the other ranks")
+    p.add_argument(
+        "--replicate", type=int, default=1, help="HSDP: this many replicas, each sharding the model over the other data-parallel ranks"
+    )
     p.add_argument("--micro-batch", type=int)
     p.add_argument("--grad-accum", type=int)
     p.add_argument("--global-batch", type=int)
@@ -200,7 +203,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> int:
     requested = BatchRequest(args.micro_batch, args.grad_accum, args.global_batch)
     corpus = Corpus(c, args.corpus_tokens, seed=1234)
     device = devices.bind(args.device)
-    dm = init_dp_tp_mesh(world, args.tp, device.type)
+    dm = init_dp_tp_mesh(world, args.tp, device.type, args.replicate)
     # checked before the model is split (--tp 3 with 4 heads is refused with the sizes that fit)
     mesh = run_mesh(dm, world, {"tp": c.tp_limits()})
     model = build_model(c, args.seed, dm, device)

@@ -40,6 +40,14 @@ class CheckpointConfig:
         max_fallbacks: damaged checkpoints quarantined and skipped at resume before giving up.
         exit_wait_s: how long ``close()``, exit and SIGTERM wait for an in-flight save.
         io_threads: DCP writer threads (files per rank), and files read at once by resume().
+        cooperative_load: True: resume() reads each byte of the checkpoint once per job: every
+            file by one rank, which hash-checks it and sends the items other ranks need over the
+            manager's gloo group (a replicated entry is read once, not once per replica). False:
+            every rank reads each file it needs something from, as torch's DCP does. None
+            (default): ``$CKPT_COOPERATIVE_LOAD`` (1 or 0) when set, else cooperative when the
+            ranks are on more than one node (SLURM's node name, else the host name): on one node
+            the page cache already serves each byte from storage once, and copying it between the
+            ranks over the loopback costs more than reading it (BENCHMARKS.md, figure 19).
         entry_point / entry_kwargs: ``"module:function"`` that builds the model for ``ckpt
             verify``, and the JSON keyword arguments it is called with (recorded in the manifest).
         max_failed_saves: a save that fails on the disk (full, read-only, permissions, I/O
@@ -99,6 +107,7 @@ class CheckpointConfig:
     max_fallbacks: int = 3
     exit_wait_s: float = 120.0
     io_threads: int = DEFAULT_IO_THREADS
+    cooperative_load: bool | None = None
     entry_point: str | None = None
     entry_kwargs: dict[str, Any] = field(default_factory=dict)
     max_failed_saves: int = DEFAULT_MAX_FAILED_SAVES

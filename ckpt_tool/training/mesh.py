@@ -37,12 +37,14 @@ def from_device_mesh(device_mesh: Any, must_divide: Mapping[str, Mapping[str, in
         raise CkptError(f"device mesh: {exc}", "name the dimensions dp_shard (or dp), dp_replicate, tp, cp, pp", ExitCode.USAGE) from None
 
 
-def init_dp_tp_mesh(world_size: int, tp: int, device_type: str = "cpu") -> Any:
+def init_dp_tp_mesh(world_size: int, tp: int, device_type: str = "cpu", replicate: int = 1) -> Any:
     """The ``(dp_shard, tp)`` DeviceMesh of all ranks, the layout the reference recipe and
-    torchtitan use (tensor-parallel peers are neighbouring ranks: one node).
+    torchtitan use (tensor-parallel peers are neighbouring ranks: one node); with ``replicate``
+    > 1 the ``(dp_replicate, dp_shard, tp)`` mesh of HSDP (each replica shards the model over
+    ``dp_shard`` neighbouring ranks and the replicas keep the same shards).
 
     Raises:
-        CkptError: ``tp`` does not divide the world size (exit 2).
+        CkptError: ``tp`` (or ``replicate`` x ``tp``) does not divide the world size (exit 2).
     """
     if tp < 1 or world_size % tp:
         raise CkptError(
@@ -50,8 +52,17 @@ def init_dp_tp_mesh(world_size: int, tp: int, device_type: str = "cpu") -> Any:
             f"use a --tp that divides {world_size}, or run a multiple of {tp} ranks",
             ExitCode.USAGE,
         )
+    if replicate < 1 or (world_size // tp) % replicate:
+        raise CkptError(
+            f"--replicate {replicate} does not divide the {world_size // tp} data-parallel ranks of this job ({world_size} ranks / tp {tp})",
+            f"use a --replicate that divides {world_size // tp}, or 1 (FSDP without replicas)",
+            ExitCode.USAGE,
+        )
     from torch.distributed.device_mesh import init_device_mesh
 
+    if replicate > 1:
+        shape = (replicate, world_size // tp // replicate, tp)
+        return init_device_mesh(device_type, shape, mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
     return init_device_mesh(device_type, (world_size // tp, tp), mesh_dim_names=("dp_shard", "tp"))
 
 

@@ -181,15 +181,17 @@ class Resumption:
         return decided.step
 
     def _check_structure(self, step: int) -> list[str]:
-        """Rank 0 checks the files are all there with their sizes and the DCP metadata is safe
-        to read; the hashes are checked as the files are loaded (one read of the data). Damage
+        """Rank 0 checks the files are all there with their sizes and the mesh fits; the hashes (and
+        the DCP metadata, safe to read) are checked as the files are loaded (one read of the data). Damage
         is returned as problems; what is not damage is raised on every rank."""
         if not self.config.validate_on_resume:
             return []
 
         def check() -> list[str]:
             with span("resume.structure_check"):
-                result = validate_checkpoint(self.store, step, hashes=False)
+                # the load reads .metadata itself, checked against the manifest before DCP sees it, and
+                # refuses a file the manifest does not list: read here too, it would be read twice
+                result = validate_checkpoint(self.store, step, hashes=False, dcp_metadata=False)
             if result.unreadable and not result.problems:
                 raise self.store.permission_denied(self.store.step_path(step) / result.unreadable[0])
             return [str(p) for p in result.problems]
@@ -253,6 +255,7 @@ class Resumption:
                     no_dist=not self.comm.distributed,
                     verify_with=verify_fs,
                     threads=self.config.io_threads,
+                    cooperative=self.config.cooperative_load,
                 )
             not_loaded = [k for k in unused if k.split(".", 1)[0] in dcp_state]  # the probe batch is verify's
             self._model_differs = any(k.startswith("model.") for k in not_loaded)

@@ -11,6 +11,7 @@ with ``weights_only=True`` (primitive types and tensors only). A refused class r
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import warnings
 from collections.abc import Iterator
@@ -30,8 +31,11 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from ckpt_tool.core.state_fit import fit_problems
 from ckpt_tool.errors import CkptError, DamageError, ExitCode, MisfitError, PermissionDeniedError
+from ckpt_tool.supervise.round_end import node_name
 from ckpt_tool.timing import span
 from ckpt_tool.training.hashing_fs import HashingFileSystem
+
+COOPERATIVE_ENV = "CKPT_COOPERATIVE_LOAD"  # 1 or 0: the job's choice where the caller leaves it (None)
 
 _ALLOWED: dict[str, frozenset[str]] = {
     "torch.distributed.checkpoint.metadata": frozenset(
@@ -90,14 +94,20 @@ def load_metadata_safely(stream: io.BufferedIOBase) -> Metadata:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """torch's ``FileSystemReader`` whose ``.metadata`` is read by ``load_metadata_safely`` instead of ``pickle.load``."""
+    """torch's ``FileSystemReader`` whose ``.metadata`` is read by ``load_metadata_safely`` instead of ``pickle.load``
+    (from ``metadata_bytes`` when given: read once for the whole job, ``load_state``)."""
+
+    metadata_bytes: bytes | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's DCP metadata, unpickled safely (``load_metadata_safely``'s errors), with this
         reader's load id set as torch's reader sets it."""
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as f:
-            metadata = load_metadata_safely(f)
+        if self.metadata_bytes is not None and kwargs.get("rank") is None:
+            metadata = load_metadata_safely(io.BytesIO(self.metadata_bytes))
+        else:
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = load_metadata_safely(f)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -144,6 +154,44 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+def spans_nodes(group: Any) -> bool:
+    """Whether the group's ranks are on more than one node (SLURM's node name, else the host name).
+    Collective over ``group``."""
+    names: list[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(names, node_name(), group=group)
+    return len(set(names)) > 1
+
+
+def _check_metadata(path: Path, verify_with: HashingFileSystem | None) -> bytes:
+    """``path``'s ``.metadata``, checked against the manifest (with ``verify_with``) and safe to unpickle;
+    raises ``DamageError`` when it is missing, damaged or hostile."""
+    metadata_path = path / ".metadata"
+    try:
+        with (verify_with or FileSystem()).create_stream(metadata_path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise DamageError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
+    try:
+        load_metadata_safely(io.BytesIO(data))
+    except CkptError as exc:
+        raise DamageError(f"{metadata_path}: {exc.message}", exc.hint) from None
+    return data
+
+
+def _metadata_once(path: Path, verify_with: HashingFileSystem, group: Any) -> bytes:
+    """``_check_metadata`` on the group's first rank, its bytes (or its error, raised) on every rank."""
+    box: list[Any] = [None]
+    if torch.distributed.get_rank(group) == 0:
+        try:
+            box[0] = _check_metadata(path, verify_with)
+        except (CkptError, OSError) as exc:  # raised on every rank: none is left waiting for bytes that never come
+            box[0] = exc
+    torch.distributed.broadcast_object_list(box, src=torch.distributed.get_global_rank(group, 0), group=group)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
 @contextmanager
 def single_process_quietly() -> Iterator[None]:
     """DCP without torch.distributed warns "assuming the intent is to ... in a single process" at
@@ -170,25 +218,37 @@ def load_state(
     no_dist: bool = False,
     verify_with: HashingFileSystem | None = None,
     threads: int = 4,
+    cooperative: bool | None = None,
 ) -> tuple[str, ...]:
     """``dcp.load`` into ``state`` in place, refusing hostile metadata before DCP reads it.
     Returns the checkpoint's entries that ``state`` did not ask for (not loaded).
 
     With ``verify_with`` every file is hash-checked against the manifest as it is read (one
-    pass over the data, ``threads`` files at a time: ``training.verified_reader``). DCP wraps every failure in ``CheckpointException`` (a BaseException);
+    pass over the data, ``threads`` files at a time: ``training.verified_reader``); with it,
+    several ranks and ``cooperative``, each byte is read once per job: ``.metadata`` by the
+    coordinator (checked, then broadcast), each data file by one rank that sends the others what
+    they need of it. ``cooperative`` None: ``$CKPT_COOPERATIVE_LOAD`` (1 or 0) when set, else
+    whether the ranks are on more than one node (``spans_nodes``). DCP wraps every failure in ``CheckpointException`` (a BaseException);
     it is turned back into the ``CkptError`` that caused it, or a ``CkptError`` naming the first
     failure.
     """
-    metadata_path = path / ".metadata"
-    try:
-        with (verify_with or FileSystem()).create_stream(metadata_path, "rb") as f:
-            load_metadata_safely(f)
-    except FileNotFoundError:
-        raise DamageError(f"{metadata_path} is missing", "run `ckpt validate` and `ckpt rollback`") from None
+    group = None
+    if verify_with is not None and not no_dist and torch.distributed.is_initialized():
+        group = process_group if process_group is not None else torch.distributed.group.WORLD
+        if cooperative is None:
+            chosen = os.environ.get(COOPERATIVE_ENV)
+            cooperative = chosen == "1" if chosen in ("0", "1") else spans_nodes(group)
+        group = group if cooperative else None
+    if group is not None:
+        metadata_bytes = _metadata_once(path, verify_with, group)
+    else:
+        metadata_bytes = None
+        _check_metadata(path, verify_with)
     if verify_with is not None:
         from ckpt_tool.training.verified_reader import StreamingVerifiedReader
 
-        reader: SafeFileSystemReader = StreamingVerifiedReader(path, verify_with, threads)
+        reader: SafeFileSystemReader = StreamingVerifiedReader(path, verify_with, threads, group=group)
+        reader.metadata_bytes = metadata_bytes
     else:
         reader = SafeFileSystemReader(path)
     try:

@@ -24,16 +24,20 @@ def validate_checkpoint(
     threads: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
     hashes: bool = True,
+    dcp_metadata: bool = True,
 ) -> ValidationResult:
     """Judge ``step``: the store's files (sizes, and hashes with ``hashes``; only ``ranks``' files when given),
-    then, when rank 0's files are among them, the mesh checks and every file the DCP metadata references listed
-    in the manifest. Problems are returned, never raised; files this user cannot read go in ``unreadable``."""
+    then, when rank 0's files are among them, the mesh checks and (with ``dcp_metadata``) every file the DCP
+    metadata references listed in the manifest. Problems are returned, never raised; files this user cannot
+    read go in ``unreadable``."""
     result = store.check_files(step, ranks, threads, on_bytes, hashes)
     if result.manifest is None or (ranks is not None and 0 not in ranks):
         return result
     result = ValidationResult(step, result.problems + tuple(mesh_checks(result.manifest)), result.manifest, result.unreadable)
     if any(p.file == layout.DCP_METADATA_NAME for p in result.problems) or layout.DCP_METADATA_NAME in result.unreadable:
         return result  # already named: missing, wrong size, wrong hash or not readable by this user
+    if not dcp_metadata:
+        return result
     listed = {f.path for f in result.manifest.files}
     extra: list[Problem] = []
     try:

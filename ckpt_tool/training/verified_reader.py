@@ -18,25 +18,40 @@ quarantines the checkpoint (the tensors it half-filled are loaded again from the
 The few header bytes read ahead to find the layouts are compared with the same bytes in the
 hashed pass, so what was parsed is what was verified. The files are DCP's own: ``dcp.load`` and
 ``dcp_to_torch_save`` read them unchanged.
+
+Cooperatively (given the load's process group): each byte is read from storage once per job. The
+ranks exchange the items they need, ``core.load_schedule`` gives every needed file one reader,
+and each rank reads, hash-checks and loads its own files as above (in parallel with the others),
+keeping the raw bytes of the items other ranks need (its own destination holds them when it
+needs the item whole; else a staging copy). The ranks then agree (one gather) that every file
+matched its manifest entry, with the layout of each item to send, and the items go to the ranks
+that need them in the schedule's order, in chunks of ``chunk_bytes`` (broadcast when every rank
+takes part, else sent to each), received straight into the destination when it is the item's
+whole bytes. A file that does not match stops the exchange before anything is sent: the rank
+that read it raises its ``CkptError``, the others return, and DCP raises it on every rank.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import xxhash
 from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
+from ckpt_tool.core.load_schedule import ItemKey, LoadSchedule, Transfer, plan_load
 from ckpt_tool.core.tensor_record import TensorRecord, parse_tensor_pickle
 from ckpt_tool.timing import span
 from ckpt_tool.training.hashing_fs import HashingFileSystem
@@ -134,14 +149,20 @@ class _Direct:
     host memory): the file is read straight into the destination's memory and hashed there."""
 
     req: ReadItem
+    record: TensorRecord
     target: torch.Tensor
     start: int
     end: int
+    filled: int = 0  # bytes fed so far (the receiving side of a cooperative load)
 
     @property
     def memory(self) -> memoryview:
         flat = self.target.reshape(-1) if self.target.dim() else self.target.view(1)
         return memoryview(flat.view(torch.uint8).numpy())
+
+    def feed(self, view: memoryview) -> None:
+        self.memory[self.filled : self.filled + len(view)] = view
+        self.filled += len(view)
 
 
 @dataclass
@@ -164,9 +185,10 @@ class _Check:
 
 @dataclass
 class _Buffered:
-    """An item that takes torch's own path: its bytes are kept until the file is verified."""
+    """An item that takes torch's own path: its bytes are kept until the file is verified (``req``
+    None: bytes staged for other ranks, ``Cooperation``)."""
 
-    req: ReadItem
+    req: ReadItem | None
     start: int
     length: int
     data: bytearray = field(default_factory=bytearray)
@@ -179,41 +201,209 @@ class _Buffered:
         self.data += view
 
 
-class StreamingVerifiedReader(SafeFileSystemReader):
-    """``FileSystemReader`` whose ``read_data`` verifies and loads as described in the module docstring."""
+@dataclass(frozen=True)
+class _Layout:
+    """What of a stored item goes to the other ranks that need it: the raw bytes of its tensor
+    (``record``) or, ``record`` None, the item's whole bytes (torch's own path at the receiver);
+    ``start`` is their offset in the file."""
 
-    def __init__(self, path: Path, verify_with: HashingFileSystem, threads: int = 4, chunk_bytes: int = CHUNK_BYTES) -> None:
+    record: TensorRecord | None
+    start: int
+    nbytes: int
+
+
+@dataclass
+class _FileRead:
+    """One file read by this rank: its own destinations filled (``tensors``) or bytes kept
+    (``buffered``), and for each item other ranks need, what they get and where this rank has it
+    (its own destination holding exactly those bytes, or a staging copy)."""
+
+    tensors: list[_Tensor | _Direct]
+    buffered: list[_Buffered]
+    sources: dict[ItemKey, tuple[_Layout, _Direct | _Buffered]] = field(default_factory=dict)
+
+
+class StreamingVerifiedReader(SafeFileSystemReader):
+    """``FileSystemReader`` whose ``read_data`` verifies and loads as described in the module docstring;
+    cooperatively over ``group`` when it is given and has more than one rank."""
+
+    def __init__(
+        self, path: Path, verify_with: HashingFileSystem, threads: int = 4, chunk_bytes: int | None = None, group: Any = None
+    ) -> None:
         super().__init__(path)
         self.fs = verify_with
-        self.verify_with, self.threads, self.chunk_bytes = verify_with, max(1, threads), chunk_bytes
+        self.verify_with, self.threads, self.chunk_bytes = verify_with, max(1, threads), chunk_bytes or CHUNK_BYTES
+        self.group = group
+        self.schedule: LoadSchedule | None = None  # the last cooperative load's, for tests and reports
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         """Load ``plan``'s items, one thread per file: each file streamed, hashed and checked against the manifest
         before its buffered items are loaded. Returns a completed future; raises ``CkptError`` naming a file whose
         size or hash does not match."""
-        per_file: dict[str, list[ReadItem]] = {}
+        mine: dict[str, list[ReadItem]] = {}
         for item in plan.items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        jobs = [(Path(self.fs.concat_path(self.path, name)), reqs) for name, reqs in per_file.items()]
-        resolve = planner.resolve_tensor
-        if len(jobs) <= 1 or self.threads == 1:
-            results = [self._read_file(p, reqs, resolve) for p, reqs in jobs]
+            mine.setdefault(self._key(item)[0], []).append(item)
+        if self.group is None or dist.get_world_size(self.group) == 1:
+            self._finish(self._read_files([(name, reqs, []) for name, reqs in mine.items()], planner), planner)
         else:
-            with ThreadPoolExecutor(min(self.threads, len(jobs)), thread_name_prefix="ckpt-load") as pool:
-                results = list(pool.map(lambda job: self._read_file(job[0], job[1], resolve), jobs))
-        for tensors, buffered in results:  # every file is verified: now the buffered items may be read
-            for item in buffered:
-                self._load_buffered(item, planner)
-            for sink in tensors:
-                planner.commit_tensor(sink.req, sink.target)
+            self._read_cooperatively(plan, mine, planner)
         fut: torch.futures.Future[None] = torch.futures.Future()
         fut.set_result(None)
         return fut
 
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """torch's set-up, and an index of the stored items by (file, offset, length)."""
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._by_key = {(i.relative_path, i.offset, i.length): (index, i) for index, i in self.storage_data.items()}
+
+    def _key(self, req: ReadItem) -> ItemKey:
+        info = self.storage_data[req.storage_index]
+        return (info.relative_path, info.offset, info.length)
+
+    def _read_files(self, jobs: list[tuple[str, list[ReadItem], list[ItemKey]]], planner: LoadPlanner) -> list[_FileRead]:
+        """Read each job's file (its items for this rank, the items to keep for others), ``threads`` files at once."""
+        resolve = planner.resolve_tensor
+
+        def one(job: tuple[str, list[ReadItem], list[ItemKey]]) -> _FileRead:
+            return self._read_file(Path(self.fs.concat_path(self.path, job[0])), job[1], resolve, job[2])
+
+        if len(jobs) <= 1 or self.threads == 1:
+            return [one(job) for job in jobs]
+        with ThreadPoolExecutor(min(self.threads, len(jobs)), thread_name_prefix="ckpt-load") as pool:
+            return list(pool.map(one, jobs))
+
+    def _finish(self, reads: list[_FileRead], planner: LoadPlanner) -> None:
+        """Every file is verified: now the buffered items may be read, and the tensors are committed."""
+        for read in reads:
+            for item in read.buffered:
+                self._load_buffered(item, planner)
+            for sink in read.tensors:
+                planner.commit_tensor(sink.req, sink.target)
+
+    # ------------------------------------------------------------------ cooperatively
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """On the coordinator, with every rank's plan (DCP gathered them): when cooperative, the
+        ``LoadSchedule`` of their items rides to every rank in its plan's ``storage_data``."""
+        plans = super().prepare_global_plan(plans)
+        if self.group is None or len(plans) == 1:
+            return plans
+        file_bytes = {name: entry.bytes for name, entry in (self.verify_with.expected or {}).items()}
+        schedule = plan_load([[self._key(item) for item in plan.items] for plan in plans], file_bytes)
+        return [dataclasses.replace(plan, storage_data=schedule) for plan in plans]
+
+    def _read_cooperatively(self, plan: LoadPlan, mine: dict[str, list[ReadItem]], planner: LoadPlanner) -> None:
+        group = self.group
+        me, world = dist.get_rank(group), dist.get_world_size(group)
+        self.schedule = schedule = plan.storage_data
+        if not isinstance(schedule, LoadSchedule):
+            raise AssertionError(f"the cooperative load found no schedule in its plan ({type(schedule).__name__})")
+        error: BaseException | None = None
+        sources: dict[ItemKey, tuple[_Layout, _Direct | _Buffered]] = {}
+        try:
+            to_send: dict[str, list[ItemKey]] = {}
+            for transfer in schedule.transfers:
+                if transfer.reader == me:
+                    to_send.setdefault(transfer.item[0], []).append(transfer.item)
+            reads = self._read_files([(f, mine.get(f, []), to_send.get(f, [])) for f in schedule.files_read_by(me)], planner)
+            self._finish(reads, planner)
+            sources = {key: source for read in reads for key, source in read.sources.items()}
+        except Exception as exc:  # noqa: BLE001 - any failure: the others must hear of it before they exchange
+            error = exc
+        agreed: list[Any] = [None] * world
+        dist.all_gather_object(agreed, (error is not None, {key: layout for key, (layout, _) in sources.items()}), group=group)
+        if error is not None:
+            raise error
+        if any(failed for failed, _ in agreed):
+            return  # the rank whose file failed raises it; DCP raises it on every rank
+        layouts = {key: layout for _, sent in agreed for key, layout in sent.items()}
+        receiving: dict[ItemKey, list[_Tensor | _Direct | _Buffered]] = {}
+        for name, reqs in mine.items():
+            if schedule.readers.get(name) != me:
+                for req in reqs:
+                    key = self._key(req)
+                    receiving.setdefault(key, []).append(self._receiving_sink(req, layouts[key], planner.resolve_tensor))
+        with span("load.exchange"):
+            for (reader, consumers), items in _streams(schedule.transfers):
+                if me == reader:
+                    self._stream_out(reader, consumers, [(layouts[i], sources[i][1]) for i in items])
+                elif me in consumers:
+                    self._stream_in(reader, consumers, [(layouts[i], receiving[i]) for i in items])
+        for sinks in receiving.values():
+            for sink in sinks:
+                if isinstance(sink, _Buffered):
+                    self._load_buffered(sink, planner)
+                else:
+                    if isinstance(sink, _Tensor) and (sink.done != sink.record.nbytes or sink.carry):
+                        raise AssertionError(f"{sink.req.storage_index.fqn} got {sink.done} of {sink.record.nbytes} bytes")
+                    planner.commit_tensor(sink.req, sink.target)
+
+    def _pass_on(self, chunk: torch.Tensor, reader: int, consumers: tuple[int, ...]) -> None:
+        """``chunk`` from ``reader`` to ``consumers``: one broadcast when every rank takes part,
+        else a send to each (the other ranks are not involved)."""
+        group = self.group
+        source = dist.get_global_rank(group, reader)
+        if len(consumers) + 1 == dist.get_world_size(group):
+            dist.broadcast(chunk, src=source, group=group)
+        elif dist.get_rank(group) == reader:
+            for consumer in consumers:
+                dist.send(chunk, dst=dist.get_global_rank(group, consumer), group=group)
+        else:
+            dist.recv(chunk, src=source, group=group)
+
+    def _stream_out(self, reader: int, consumers: tuple[int, ...], items: list[tuple[_Layout, _Direct | _Buffered]]) -> None:
+        """The items one after the other as one stream of bytes, sent in chunks of ``chunk_bytes``."""
+        raws = [
+            (layout.nbytes, _raw_bytes(src.target) if isinstance(src, _Direct) else torch.frombuffer(src.data, dtype=torch.uint8))
+            for layout, src in items
+            if layout.nbytes
+        ]
+        total = sum(n for n, _ in raws)
+        buffer = torch.empty(min(self.chunk_bytes, total), dtype=torch.uint8)
+        item, done = 0, 0  # the item being copied, and how much of it is
+        for a, b in self._chunks(total):
+            filled = 0
+            while filled < b - a:
+                n, raw = raws[item]
+                take = min(n - done, b - a - filled)
+                buffer[filled : filled + take].copy_(raw[done : done + take])
+                filled, done = filled + take, done + take
+                if done == n:
+                    item, done = item + 1, 0
+            self._pass_on(buffer[: b - a], reader, consumers)
+
+    def _stream_in(self, reader: int, consumers: tuple[int, ...], items: list[tuple[_Layout, list[Any]]]) -> None:
+        """``_stream_out``'s chunks received into one buffer, each item's part fed to its sinks."""
+        parts = [(layout.nbytes, sinks) for layout, sinks in items if layout.nbytes]
+        total = sum(n for n, _ in parts)
+        buffer = torch.empty(min(self.chunk_bytes, total), dtype=torch.uint8)
+        item, done = 0, 0
+        for a, b in self._chunks(total):
+            self._pass_on(buffer[: b - a], reader, consumers)
+            view, used = memoryview(buffer.numpy()), 0
+            while used < b - a:
+                n, sinks = parts[item]
+                take = min(n - done, b - a - used)
+                for sink in sinks:
+                    sink.feed(view[used : used + take])
+                used, done = used + take, done + take
+                if done == n:
+                    item, done = item + 1, 0
+
+    def _chunks(self, nbytes: int) -> list[tuple[int, int]]:
+        return [(a, min(nbytes, a + self.chunk_bytes)) for a in range(0, nbytes, self.chunk_bytes)]
+
+    def _receiving_sink(self, req: ReadItem, layout: _Layout, resolve: Callable[[ReadItem], torch.Tensor]) -> _Tensor | _Direct | _Buffered:
+        if layout.record is None:
+            return _Buffered(req, 0, layout.nbytes)
+        target = resolve(req).detach()
+        if tuple(target.shape) != tuple(req.lengths):
+            raise AssertionError(f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs {tuple(req.lengths)}")
+        return _tensor_sink(req, layout.record, target, 0)
+
     # ------------------------------------------------------------------ one file
     def _read_file(
-        self, path: Path, reqs: list[ReadItem], resolve: Callable[[ReadItem], torch.Tensor]
-    ) -> tuple[list[_Tensor | _Direct], list[_Buffered]]:
+        self, path: Path, reqs: list[ReadItem], resolve: Callable[[ReadItem], torch.Tensor], keep: Sequence[ItemKey] = ()
+    ) -> _FileRead:
         entry = self.verify_with.entry_for(path)
         fd = self.verify_with.open_for_reading(path)
         try:
@@ -224,16 +414,38 @@ class StreamingVerifiedReader(SafeFileSystemReader):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             seen: list[tuple[int, bytes]] = []
             sinks: list[_Tensor | _Direct | _Buffered] = [self._sink(fd, req, resolve, seen) for req in reqs]
+            sources = self._sources(fd, keep, sinks, seen)
+            stages = [s for _, s in sources.values() if isinstance(s, _Buffered)]
             checks = [_Check(start, data) for start, data in seen]
             with span("load.read_file"):
-                digest, nread = self._stream(fd, size, sorted([*sinks, *checks], key=lambda s: s.start), path)
+                digest, nread = self._stream(fd, size, sorted([*sinks, *stages, *checks], key=lambda s: s.start), path)
         finally:
             os.close(fd)
         self.verify_with.check(path, entry, nread, digest)
         for sink in sinks:
             if isinstance(sink, _Tensor) and (sink.done != sink.record.nbytes or sink.carry):
                 raise AssertionError(f"{path}: {sink.req.storage_index.fqn} got {sink.done} of {sink.record.nbytes} bytes")
-        return [s for s in sinks if not isinstance(s, _Buffered)], [s for s in sinks if isinstance(s, _Buffered)]
+        return _FileRead([s for s in sinks if not isinstance(s, _Buffered)], [s for s in sinks if isinstance(s, _Buffered)], sources)
+
+    def _sources(
+        self, fd: int, keep: Sequence[ItemKey], sinks: list[_Tensor | _Direct | _Buffered], seen: list[tuple[int, bytes]]
+    ) -> dict[ItemKey, tuple[_Layout, _Direct | _Buffered]]:
+        """For each item other ranks need from this file: what they get, and where it will be once
+        read (this rank's own destination when it holds exactly those bytes, else a staging copy)."""
+        holders = {self._key(s.req): s for s in sinks if not isinstance(s, _Buffered)}  # their layout is known
+        sources: dict[ItemKey, tuple[_Layout, _Direct | _Buffered]] = {}
+        for key in keep:
+            holder = holders.get(key)
+            if holder is not None:
+                layout = _Layout(holder.record, holder.start, holder.record.nbytes)
+            else:
+                index, info = self._by_key[key]
+                raw_only = index.offset is None or bool(info.transform_descriptors)  # bytes entries have no chunk offset
+                located = None if raw_only else _locate_tensor(fd, info.offset, info.length, seen)
+                layout = _Layout(None, info.offset, info.length) if located is None else _Layout(located[0], located[1], located[0].nbytes)
+            # this rank's own destination when it holds exactly those bytes, else a copy kept as they stream by
+            sources[key] = (layout, holder if isinstance(holder, _Direct) else _Buffered(None, layout.start, layout.nbytes))
+        return sources
 
     def _sink(
         self, fd: int, req: ReadItem, resolve: Callable[[ReadItem], torch.Tensor], seen: list[tuple[int, bytes]]
@@ -248,11 +460,7 @@ class StreamingVerifiedReader(SafeFileSystemReader):
         target = resolve(req).detach()
         if tuple(target.shape) != tuple(req.lengths):  # torch's path raises its own message for this
             return _Buffered(req, info.offset, info.length)
-        whole = tuple(req.lengths) == record.size and not any(req.storage_offsets)
-        in_place = whole and target.device.type == "cpu" and target.is_contiguous() and str(target.dtype) == f"torch.{record.dtype}"
-        if in_place and record.nbytes:  # (a GPU destination is filled from the chunk buffer instead)
-            return _Direct(req, target, data_start, data_start + record.nbytes)
-        return _Tensor(req, record, target, data_start)
+        return _tensor_sink(req, record, target, data_start)
 
     def _stream(self, fd: int, size: int, sinks: list[Any], path: Path) -> tuple[str, int]:
         """One pass over the file: straight into the destinations of ``_Direct`` sinks, through
@@ -273,6 +481,7 @@ class StreamingVerifiedReader(SafeFileSystemReader):
         return pump.hasher.hexdigest(), pump.pos
 
     def _load_buffered(self, item: _Buffered, planner: LoadPlanner) -> None:
+        assert item.req is not None, "a staging copy is sent, not loaded"
         stream = io.BytesIO(item.data)
         if item.req.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item.req, stream)
@@ -329,6 +538,31 @@ class _Pump:
             if a < b:
                 sink.feed(chunk[a - pos : b - pos])
         self.pos = end
+
+
+def _streams(transfers: tuple[Transfer, ...]) -> list[tuple[tuple[int, tuple[int, ...]], list[ItemKey]]]:
+    """The transfers as streams: one per (reader, consumers), in the order of each's first transfer,
+    its items in the schedule's order (one collective per chunk of a stream, not one per item)."""
+    streams: dict[tuple[int, tuple[int, ...]], list[ItemKey]] = {}
+    for t in transfers:
+        streams.setdefault((t.reader, t.consumers), []).append(t.item)
+    return list(streams.items())
+
+
+def _tensor_sink(req: ReadItem, record: TensorRecord, target: torch.Tensor, start: int) -> _Tensor | _Direct:
+    """A destination filled from the raw bytes of ``record`` starting at ``start``: read straight
+    into it when it takes them whole (same dtype, contiguous, in host memory), else through the
+    chunk buffer (narrowed, converted, or on a device)."""
+    whole = tuple(req.lengths) == record.size and not any(req.storage_offsets)
+    in_place = whole and target.device.type == "cpu" and target.is_contiguous() and str(target.dtype) == f"torch.{record.dtype}"
+    if in_place and record.nbytes:
+        return _Direct(req, record, target, start, start + record.nbytes)
+    return _Tensor(req, record, target, start)
+
+
+def _raw_bytes(target: torch.Tensor) -> torch.Tensor:
+    """A contiguous host tensor's bytes, as a flat uint8 view of it."""
+    return (target.reshape(-1) if target.dim() else target.view(1)).view(torch.uint8)
 
 
 def _locate_tensor(fd: int, start: int, length: int, seen: list[tuple[int, bytes]]) -> tuple[TensorRecord, int] | None:
