@@ -44,6 +44,7 @@ SCRIPTS = (
     "hot_spares",
     "hang_stacks",
     "wrong_numbers",
+    "load_once",
 )
 SCRIPT_TIMEOUT_S = 480
 TIMEOUTS_S = {
@@ -55,6 +56,7 @@ TIMEOUTS_S = {
     "local_tier": 900,
     "stragglers": 1200,
     "hot_spares": 900,
+    "load_once": 900,
 }  # several torchrun launches, failures and recoveries (~6 min)
 
 

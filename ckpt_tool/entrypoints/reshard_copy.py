@@ -33,7 +33,6 @@ from ckpt_tool.core.manifest import FileEntry, Manifest
 from ckpt_tool.entrypoints import run_and_report
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.ops.reshard import ReshardReport, check_reshard
-from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.timing import span
 from ckpt_tool.training import state_codec
@@ -41,7 +40,7 @@ from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import commit_entries, commit_staged, staged_entries
 from ckpt_tool.training.config import DEFAULT_IO_THREADS
 from ckpt_tool.training.distributed import init_distributed
-from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
+from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer, verifying
 from ckpt_tool.training.one_process_layout import empty_targets, flatten_loaded, write_layout
 from ckpt_tool.training.rank_state import read_rank_state
 from ckpt_tool.training.safe_dcp import load_metadata_safely, load_state
@@ -64,7 +63,7 @@ class _Copy:
         store = CheckpointStore(src)
         manifest = store.read_manifest(step)
         report = check_reshard(store, step, world, micro, {"tp": tp})
-        verify_fs = HashingFileSystem(lambda n: binding_seed(manifest.run_id, step, n), {f.path: f for f in manifest.files})
+        verify_fs = verifying(manifest, step)
         with verify_fs.create_stream(store.step_path(step) / layout.DCP_METADATA_NAME, "rb") as f:
             metadata = load_metadata_safely(f)
         return cls(src, step, manifest, report, verify_fs, metadata, world)

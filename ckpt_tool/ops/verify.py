@@ -26,6 +26,7 @@ from ckpt_tool.core.manifest import Manifest
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError, DamageError, ExitCode, raised_at
 from ckpt_tool.store.store import CheckpointStore
+from ckpt_tool.training.hashing_fs import verifying
 from ckpt_tool.training.probe import VerifyReport, check_loaded_model
 from ckpt_tool.training.safe_dcp import load_state
 
@@ -148,6 +149,7 @@ def verify_checkpoint(
         )
     model, loss_fn = build_from_entry_point(spec, mesh.world_size, dict(manifest.entry_kwargs), device_mesh, mesh.size("tp"))
     state = {"model": get_model_state_dict(model)}
-    load_state(state, store.step_path(step), no_dist=not torch.distributed.is_initialized())
+    # every file the model needs is hash-checked as it loads (cooperatively across nodes: each byte read once)
+    load_state(state, store.step_path(step), no_dist=not torch.distributed.is_initialized(), verify_with=verifying(manifest, step))
     set_model_state_dict(model, state["model"])
     return check_loaded_model(model, loss_fn, store, step, mesh)

@@ -26,7 +26,7 @@ import xxhash
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from ckpt_tool.core.manifest import FileEntry
+from ckpt_tool.core.manifest import FileEntry, Manifest
 from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store.checksums import FileDigest, binding_seed
 from ckpt_tool.timing import span
@@ -198,6 +198,12 @@ def _os_error_behind(exc: BaseException, path: Path) -> OSError | None:
             return e
         e = e.__cause__ or e.__context__
     return None
+
+
+def verifying(manifest: Manifest, step: int) -> HashingFileSystem:
+    """A filesystem that checks every file read against ``manifest``: its sizes, and its hashes seeded for its
+    run and for ``step``, the step of the directory read (a manifest moved from another step does not match)."""
+    return HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
 
 
 def hashing_writer(partial: Path, run_id: str, step: int, threads: int) -> tuple[FileSystemWriter, HashingFileSystem]:

@@ -40,14 +40,13 @@ from ckpt_tool.core.batch import BatchConfig
 from ckpt_tool.core.manifest import Manifest, Probe
 from ckpt_tool.core.mesh import Mesh
 from ckpt_tool.errors import CkptError
-from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.durable import atomic_write, directory_replaced
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.training import local_wire, state_codec
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.commit import written_entries
 from ckpt_tool.training.config import CheckpointConfig
-from ckpt_tool.training.hashing_fs import HashingFileSystem, hashing_writer
+from ckpt_tool.training.hashing_fs import hashing_writer, verifying
 from ckpt_tool.training.probe import ProbeSpec, measure, verify_model
 from ckpt_tool.training.rank_state import TrainingState
 from ckpt_tool.training.safe_dcp import load_state, single_process_quietly
@@ -371,7 +370,7 @@ class LocalTier:
     def _load(self, state: TrainingState, step: int) -> LocalResumed:
         store = self._rank_store(self.comm.rank)
         path, manifest = store.step_path(step), self._manifest(store, self.comm.rank, step)
-        verify = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
+        verify = verifying(manifest, step)
         model, optimizer = state.model, state.optimizer
         if not optimizer.state:
             optimizer.zero_grad(set_to_none=True)  # as the shared resume: the state DCP loads into is built

@@ -29,12 +29,11 @@ from ckpt_tool.core.recovery import RECOVER_NAME, Damaged, Recorded, Resume, pla
 from ckpt_tool.core.reshard_plan import ReshardPlan, plan_resume
 from ckpt_tool.errors import CkptError, DamageError, ExitCode
 from ckpt_tool.store import recovery
-from ckpt_tool.store.checksums import binding_seed
 from ckpt_tool.store.store import CheckpointStore
 from ckpt_tool.timing import span
 from ckpt_tool.training.comm import Comm
 from ckpt_tool.training.config import CheckpointConfig
-from ckpt_tool.training.hashing_fs import HashingFileSystem
+from ckpt_tool.training.hashing_fs import verifying
 from ckpt_tool.training.probe import ProbeSpec, check_loaded_model
 from ckpt_tool.training.progress import progress
 from ckpt_tool.training.rank_state import TrainingState, read_rank_state
@@ -241,7 +240,7 @@ class Resumption:
         every rank). What is not damage is raised on every rank."""
         step = manifest.step
         path = self.store.step_path(step)
-        verify_fs = HashingFileSystem(lambda name: binding_seed(manifest.run_id, step, name), {f.path: f for f in manifest.files})
+        verify_fs = verifying(manifest, step)
         problems: list[str] = []
         mismatch: CkptError | None = None
         rank_state: dict[str, Any] = {}

@@ -239,18 +239,15 @@ def load_state(
             chosen = os.environ.get(COOPERATIVE_ENV)
             cooperative = chosen == "1" if chosen in ("0", "1") else spans_nodes(group)
         group = group if cooperative else None
-    if group is not None:
-        metadata_bytes = _metadata_once(path, verify_with, group)
-    else:
-        metadata_bytes = None
-        _check_metadata(path, verify_with)
+    # checked before DCP sees it, and what DCP then reads (not the file again)
+    metadata_bytes = _metadata_once(path, verify_with, group) if group is not None else _check_metadata(path, verify_with)
     if verify_with is not None:
         from ckpt_tool.training.verified_reader import StreamingVerifiedReader
 
         reader: SafeFileSystemReader = StreamingVerifiedReader(path, verify_with, threads, group=group)
-        reader.metadata_bytes = metadata_bytes
     else:
         reader = SafeFileSystemReader(path)
+    reader.metadata_bytes = metadata_bytes
     try:
         with span("load.dcp"), single_process_quietly():
             planner = SafeLoadPlanner()

@@ -96,7 +96,9 @@ def main() -> int:
     dist.barrier()
     target = state(args.layout, world, fill=7.0)
     try:
-        load_state(target, args.dir, verify_with=HashingFileSystem(seed, entries), cooperative=None if args.auto else not args.no_cooperative)
+        load_state(
+            target, args.dir, verify_with=HashingFileSystem(seed, entries), cooperative=None if args.auto else not args.no_cooperative
+        )
     except CkptError as exc:
         (args.dir.parent / f"rank{rank}.txt").write_text(f"CkptError: {exc.message}")
         dist.destroy_process_group()

@@ -2,8 +2,9 @@
 ranks over gloo: every kind of entry (plain and bf16 tensors, a strided one, a scalar, plain
 data) arrives intact on every rank for DDP, FSDP and HSDP layouts, in whole and in tiny chunks;
 measured from outside with strace, each data file is read once in the whole job and ``.metadata``
-once, where every rank reading for itself reads them several times; a damaged file read by one
-rank fails the load on every rank with the file named."""
+once; a damaged file read by one rank fails the load on every rank with the file named. Left to
+itself (``cooperative=None``) the load cooperates across nodes only: on one node every rank reads
+for itself (the replicated bytes once per rank)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,7 @@ def launch(tmp_path: Path, nproc: int, layout: str, *extra: str, env: dict[str, 
     return run, sizes, outcomes
 
 
-@pytest.mark.parametrize(
-    ("nproc", "layout", "extra"),
-    [(2, "ddp", ()), (4, "fsdp", ("--chunk-bytes", "1000")), (4, "hsdp", ())],
-    ids=["ddp-2", "fsdp-4-small-chunks", "hsdp-2x2"],
-)
-def test_every_rank_gets_every_entry_and_each_file_is_read_once(tmp_path, nproc, layout, extra):
-    run, sizes, outcomes = launch(tmp_path, nproc, layout, *extra)
-    assert run.returncode == 0, run.output[-3000:]
-    assert outcomes == ["equal"] * nproc
+def assert_each_byte_read_once(run, sizes) -> None:
     assert run.read[".metadata"] == sizes[".metadata"] and run.readers[".metadata"] == 1  # not once per rank, and again by DCP
     data = [n for n in sizes if n.endswith(".distcp")]
     assert all(run.readers.get(n) == 1 for n in data), run.readers  # by one process of the job each
@@ -46,13 +39,14 @@ def test_every_rank_gets_every_entry_and_each_file_is_read_once(tmp_path, nproc,
     assert sum(sizes[n] for n in data) <= run.total(data) <= 1.1 * sum(sizes[n] for n in data), (sizes, run.read)
 
 
-def test_every_rank_reading_for_itself_reads_the_replicated_bytes_once_per_rank(tmp_path):
-    run, sizes, outcomes = launch(tmp_path, 2, "ddp", "--no-cooperative")
-    assert run.returncode == 0 and outcomes == ["equal"] * 2, run.output[-3000:]
-    data = [n for n in sizes if n.endswith(".distcp")]
-    assert run.total(data) >= 2 * sum(sizes[n] for n in data)  # what the cooperative load saves: each replica reads it all
-    assert all(run.readers[n] == 2 for n in data)
-    assert run.read[".metadata"] >= 2 * sizes[".metadata"]
+@pytest.mark.parametrize(
+    ("nproc", "layout", "extra"), [(4, "fsdp", ("--chunk-bytes", "1000")), (4, "hsdp", ())], ids=["fsdp-4-small-chunks", "hsdp-2x2"]
+)
+def test_every_rank_gets_every_entry_and_each_file_is_read_once(tmp_path, nproc, layout, extra):
+    run, sizes, outcomes = launch(tmp_path, nproc, layout, *extra)
+    assert run.returncode == 0, run.output[-3000:]
+    assert outcomes == ["equal"] * nproc
+    assert_each_byte_read_once(run, sizes)
 
 
 def test_a_damaged_file_read_by_one_rank_fails_the_load_on_every_rank_by_name(tmp_path):
@@ -63,10 +57,18 @@ def test_a_damaged_file_read_by_one_rank_fails_the_load_on_every_rank_by_name(tm
     assert run.readers["__1_0.distcp"] == 1  # found by the rank that read it, told to the others
 
 
-@pytest.mark.parametrize(("extra", "readers"), [((), 2), (("--node-per-rank",), 1)], ids=["one-node", "two-nodes"])
-def test_left_to_itself_the_load_cooperates_only_across_nodes(tmp_path, extra, readers):
-    # on one node the page cache serves each byte from storage once already: each rank reads for itself
+def test_left_to_itself_on_one_node_each_rank_reads_for_itself(tmp_path):
+    # on one node the page cache serves each byte from storage once already
     env = {k: v for k, v in os.environ.items() if k != "CKPT_COOPERATIVE_LOAD"}
-    run, sizes, outcomes = launch(tmp_path, 2, "ddp", "--auto", *extra, env=env)
+    run, sizes, outcomes = launch(tmp_path, 2, "ddp", "--auto", env=env)
     assert run.returncode == 0 and outcomes == ["equal"] * 2, run.output[-3000:]
-    assert all(run.readers[n] == readers for n in sizes if n.endswith(".distcp")), run.readers
+    data = [n for n in sizes if n.endswith(".distcp")]
+    assert all(run.readers[n] == 2 for n in data) and run.total(data) >= 2 * sum(sizes[n] for n in data)  # each replica reads it all
+    assert run.read[".metadata"] == 2 * sizes[".metadata"]  # once per rank (DCP reads the bytes checked, not the file again)
+
+
+def test_left_to_itself_across_nodes_the_ddp_replicas_read_each_byte_once(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CKPT_COOPERATIVE_LOAD"}
+    run, sizes, outcomes = launch(tmp_path, 2, "ddp", "--auto", "--node-per-rank", env=env)
+    assert run.returncode == 0 and outcomes == ["equal"] * 2, run.output[-3000:]
+    assert_each_byte_read_once(run, sizes)
