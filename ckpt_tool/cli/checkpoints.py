@@ -201,7 +201,11 @@ def verify(
         help="Ranks: >1 runs the check under torchrun (FSDP-sharded load). The saved mesh gives a bit-exact check.",
     ),
     tp: int | None = typer.Option(
-        None, "--tp", min=1, help="Tensor-parallel size of the check's mesh (default: the saved one when it divides --nproc, else 1)."
+        None,
+        "--tp",
+        min=1,
+        help="Tensor-parallel size of the check's mesh (default: the saved one when it divides --nproc, else 1). "
+        "A saved HSDP mesh's replicas are kept when they divide the rest.",
     ),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -214,12 +218,14 @@ def verify(
     require_probe(manifest, directory)  # before asking for an entry point or starting torchrun
     entry = entry or manifest.entry_point or config.default("entry_point")
     tp = _verify_tp(tp, nproc, manifest.layout.size("tp"))
+    saved_replicas = manifest.layout.size("dp_replicate")  # HSDP: checked on the saved replicas when they fit
+    replicate = saved_replicas if (nproc // tp) % saved_replicas == 0 else 1
     if nproc == 1:
         from ckpt_tool.ops.verify import verify_checkpoint
 
         report = verify_checkpoint(store, step, entry).to_json()
     else:
-        report = _verify_under_torchrun(directory, step, entry, nproc, tp)
+        report = _verify_under_torchrun(directory, step, entry, nproc, tp, replicate)
     failed = [f"{c['name']}: recorded {c['recorded']!r}, measured {c['measured']!r}" for c in report["checks"] if not c["ok"]]
     recorded = store.record_check(step, "verified", report["ok"], failed)
     if as_json:
@@ -271,5 +277,6 @@ def _verify_tp(tp: int | None, nproc: int, saved_tp: int) -> int:
     return tp
 
 
-def _verify_under_torchrun(directory: Path, step: int, entry: str | None, nproc: int, tp: int) -> dict[str, Any]:
-    return run_entry("ckpt_tool.entrypoints.verify", nproc, [str(directory), str(step), str(tp), *([entry] if entry else [])], "verify")
+def _verify_under_torchrun(directory: Path, step: int, entry: str | None, nproc: int, tp: int, replicate: int) -> dict[str, Any]:
+    args = [str(directory), str(step), str(tp), str(replicate), *([entry] if entry else [])]
+    return run_entry("ckpt_tool.entrypoints.verify", nproc, args, "verify")

@@ -3,10 +3,11 @@ over a (dp_replicate 2, dp_shard 2) mesh. Killed mid-run and resumed with the sa
 re-run step's loss, LR and gradient norm equal the first pass's bit for bit (the resume reads each
 replicated shard once and sends it to its replica: the cooperative load); the same checkpoint
 continued on another replicate size (plain FSDP over the 4 ranks) keeps the global batch and stays
-within 1e-4 of the trajectory."""
+within 1e-4 of the trajectory. ``ckpt verify --nproc 4`` checks it on the saved HSDP mesh, bit for bit."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -64,6 +65,11 @@ def test_hsdp_crash_and_resume_is_bit_identical(crashed):
     assert manifest.layout.dims == (("dp_replicate", 2), ("dp_shard", 2))
     assert manifest.batch is not None and manifest.batch.dp_size == 4 and manifest.batch.global_batch == 8
     assert "resumed from step 8" in (crashed / "log.txt").read_text()
+    # `ckpt verify --nproc 4` checks it on the saved HSDP mesh: bit for bit
+    proc = ckpt_cli("verify", crashed / "ckpt", "--nproc", "4", "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["exact"] and report["ok"] and report["mesh"] == report["saved_mesh"] == "dp_replicate=2,dp_shard=2"
 
 
 def test_hsdp_checkpoint_continues_on_another_replicate_size(crashed, tmp_path):
