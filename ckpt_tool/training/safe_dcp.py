@@ -228,9 +228,10 @@ def load_state(
     several ranks and ``cooperative``, each byte is read once per job: ``.metadata`` by the
     coordinator (checked, then broadcast), each data file by one rank that sends the others what
     they need of it. ``cooperative`` None: ``$CKPT_COOPERATIVE_LOAD`` (1 or 0) when set, else
-    whether the ranks are on more than one node (``spans_nodes``). DCP wraps every failure in ``CheckpointException`` (a BaseException);
-    it is turned back into the ``CkptError`` that caused it, or a ``CkptError`` naming the first
-    failure.
+    whether the ranks are on more than one node (``spans_nodes``).
+
+    DCP wraps every failure in ``CheckpointException`` (a BaseException); it is turned back into
+    the ``CkptError`` that caused it, or a ``CkptError`` naming the first failure.
     """
     group = None
     if verify_with is not None and not no_dist and torch.distributed.is_initialized():
