@@ -20,9 +20,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/ckpt demo
 
-## make test: the whole suite; starts a local SLURM cluster and installs FUSE first when run as root with apt.
+## make test: the whole suite; starts a local SLURM cluster and installs FUSE and strace first when run as root with apt.
 test: $(STAMP)
 	@bash .ci/fuse-up-if-possible
+	@bash .ci/strace-up-if-possible
 	@bash .ci/slurm-up-if-possible
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -42,10 +43,12 @@ lint: $(STAMP)
 
 ## make bench: measure the figures in BENCHMARKS.md (several minutes).
 bench: $(STAMP)
+	@bash .ci/strace-up-if-possible
 	$(PY) bench/run_all.py
 
 ## make bench-quick: every figure at its smallest size (a smoke test of the benchmarks, ~8-13 min here; CI runs it).
 bench-quick: $(STAMP)
+	@bash .ci/strace-up-if-possible
 	$(PY) bench/run_all.py --quick --output $(VENV)/bench-quick.md
 
 ## make bench-long: the 200-trial power-cut campaign and the goodput simulation (about 45 min).
