@@ -38,7 +38,7 @@ import io
 import math
 import os
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,7 +234,6 @@ class StreamingVerifiedReader(SafeFileSystemReader):
         self.fs = verify_with
         self.verify_with, self.threads, self.chunk_bytes = verify_with, max(1, threads), chunk_bytes or CHUNK_BYTES
         self.group = group
-        self.schedule: LoadSchedule | None = None  # the last cooperative load's, for tests and reports
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         """Load ``plan``'s items, one thread per file: each file streamed, hashed and checked against the manifest
@@ -294,7 +293,7 @@ class StreamingVerifiedReader(SafeFileSystemReader):
     def _read_cooperatively(self, plan: LoadPlan, mine: dict[str, list[ReadItem]], planner: LoadPlanner) -> None:
         group = self.group
         me, world = dist.get_rank(group), dist.get_world_size(group)
-        self.schedule = schedule = plan.storage_data
+        schedule = plan.storage_data
         if not isinstance(schedule, LoadSchedule):
             raise AssertionError(f"the cooperative load found no schedule in its plan ({type(schedule).__name__})")
         error: BaseException | None = None
@@ -353,44 +352,28 @@ class StreamingVerifiedReader(SafeFileSystemReader):
     def _stream_out(self, reader: int, consumers: tuple[int, ...], items: list[tuple[_Layout, _Direct | _Buffered]]) -> None:
         """The items one after the other as one stream of bytes, sent in chunks of ``chunk_bytes``."""
         raws = [
-            (layout.nbytes, _raw_bytes(src.target) if isinstance(src, _Direct) else torch.frombuffer(src.data, dtype=torch.uint8))
+            _raw_bytes(src.target) if isinstance(src, _Direct) else torch.frombuffer(src.data, dtype=torch.uint8)
             for layout, src in items
             if layout.nbytes
         ]
-        total = sum(n for n, _ in raws)
-        buffer = torch.empty(min(self.chunk_bytes, total), dtype=torch.uint8)
-        item, done = 0, 0  # the item being copied, and how much of it is
-        for a, b in self._chunks(total):
-            filled = 0
-            while filled < b - a:
-                n, raw = raws[item]
-                take = min(n - done, b - a - filled)
-                buffer[filled : filled + take].copy_(raw[done : done + take])
-                filled, done = filled + take, done + take
-                if done == n:
-                    item, done = item + 1, 0
-            self._pass_on(buffer[: b - a], reader, consumers)
+        sizes = [layout.nbytes for layout, _ in items if layout.nbytes]
+        buffer = torch.empty(min(self.chunk_bytes, sum(sizes)), dtype=torch.uint8)
+        for n, pieces in _pieces(sizes, self.chunk_bytes):
+            for item, at, to, take in pieces:
+                buffer[to : to + take].copy_(raws[item][at : at + take])
+            self._pass_on(buffer[:n], reader, consumers)
 
     def _stream_in(self, reader: int, consumers: tuple[int, ...], items: list[tuple[_Layout, list[Any]]]) -> None:
         """``_stream_out``'s chunks received into one buffer, each item's part fed to its sinks."""
-        parts = [(layout.nbytes, sinks) for layout, sinks in items if layout.nbytes]
-        total = sum(n for n, _ in parts)
-        buffer = torch.empty(min(self.chunk_bytes, total), dtype=torch.uint8)
-        item, done = 0, 0
-        for a, b in self._chunks(total):
-            self._pass_on(buffer[: b - a], reader, consumers)
-            view, used = memoryview(buffer.numpy()), 0
-            while used < b - a:
-                n, sinks = parts[item]
-                take = min(n - done, b - a - used)
-                for sink in sinks:
-                    sink.feed(view[used : used + take])
-                used, done = used + take, done + take
-                if done == n:
-                    item, done = item + 1, 0
-
-    def _chunks(self, nbytes: int) -> list[tuple[int, int]]:
-        return [(a, min(nbytes, a + self.chunk_bytes)) for a in range(0, nbytes, self.chunk_bytes)]
+        sinks = [item_sinks for layout, item_sinks in items if layout.nbytes]
+        sizes = [layout.nbytes for layout, _ in items if layout.nbytes]
+        buffer = torch.empty(min(self.chunk_bytes, sum(sizes)), dtype=torch.uint8)
+        for n, pieces in _pieces(sizes, self.chunk_bytes):
+            self._pass_on(buffer[:n], reader, consumers)
+            view = memoryview(buffer.numpy())
+            for item, _, at, take in pieces:
+                for sink in sinks[item]:
+                    sink.feed(view[at : at + take])
 
     def _receiving_sink(self, req: ReadItem, layout: _Layout, resolve: Callable[[ReadItem], torch.Tensor]) -> _Tensor | _Direct | _Buffered:
         if layout.record is None:
@@ -538,6 +521,21 @@ class _Pump:
             if a < b:
                 sink.feed(chunk[a - pos : b - pos])
         self.pos = end
+
+
+def _pieces(sizes: list[int], chunk_bytes: int) -> Iterator[tuple[int, list[tuple[int, int, int, int]]]]:
+    """Items of ``sizes`` bytes (each > 0) one after the other, cut in chunks of ``chunk_bytes``: per
+    chunk, its length and its pieces as (item, offset in the item, offset in the chunk, length)."""
+    total, item, done = sum(sizes), 0, 0
+    for a in range(0, total, chunk_bytes):
+        n, used, pieces = min(chunk_bytes, total - a), 0, []
+        while used < n:
+            take = min(sizes[item] - done, n - used)
+            pieces.append((item, done, used, take))
+            used, done = used + take, done + take
+            if done == sizes[item]:
+                item, done = item + 1, 0
+        yield n, pieces
 
 
 def _streams(transfers: tuple[Transfer, ...]) -> list[tuple[tuple[int, tuple[int, ...]], list[ItemKey]]]:
