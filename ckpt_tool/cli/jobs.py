@@ -212,6 +212,16 @@ def _parse_env(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+_NOTIFY_HELP = (
+    "Run this shell command (sh -c) once per event of the job, with the event's JSON on stdin (event, reason, job_id, "
+    "ckpt_dir, nodes, message, next...): the job's end (finished, failed: crash_loop, save_failed...), a cancellation, "
+    "nodes left behind or replaced, max requeues. E.g. 'curl -sS --data-binary @- https://hooks.example/T'. "
+    "A failing or slow command never stops the job: it is recorded as notify_failed."
+)
+_NOTIFY_ON_HELP = "Only these events (comma list, repeatable; default: every one above; requeue may be added)."
+_NOTIFY_TIMEOUT_HELP = "Seconds the --notify command may take; then it is killed (recorded as notify_failed)."
+
+
 def submit(
     command: list[str] = typer.Argument(
         ..., metavar="COMMAND", help="The training script and its arguments (after --), or -m MODULE ARGS.", show_default=False
@@ -262,6 +272,9 @@ def submit(
     run_dir: Path | None = run_dir_option("Event log, scripts and job output (default: CKPT_DIR/run)."),
     sbatch_line: list[str] = typer.Option([], "--sbatch", help="Extra #SBATCH directive, e.g. --sbatch '--exclusive' (repeatable)."),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE exported in the job (repeatable)."),
+    notify: str | None = typer.Option(None, "--notify", metavar="CMD", help=_NOTIFY_HELP),
+    notify_on: list[str] = typer.Option([], "--notify-on", metavar="EVENTS", help=_NOTIFY_ON_HELP),
+    notify_timeout: float = typer.Option(30.0, "--notify-timeout", min=0.1, metavar="SECONDS", help=_NOTIFY_TIMEOUT_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script; submit nothing."),
     as_json: bool = JsonTextOpt,
 ) -> None:
@@ -299,6 +312,9 @@ def submit(
         extra_sbatch=tuple(sbatch_line),
         env=_parse_env(env),
         check_command=not dry_run,
+        notify=notify,
+        notify_on=notify_on,
+        notify_timeout_s=notify_timeout,
     )
     if dry_run:
         try:  # a dry run submits nothing: the script is shown, and what the job would not find said
@@ -306,20 +322,25 @@ def submit(
         except CkptError as exc:
             err.print(f"[yellow]warning:[/] {escape(exc.message)}: the job would fail as it starts (ckpt submit refuses it)")
         text = chain.dry_run(spec, script)
-        print_json({"dry_run": True, "script": text, "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir}) if as_json else sys.stdout.write(
-            text
-        )
+        shown = {"dry_run": True, "script": text, "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir, "notify": notify}
+        print_json(shown) if as_json else sys.stdout.write(text)
         return
     path = chain.write_script(spec, script)
     job_id = sbatch(str(path))
     note(Path(spec.run_dir), "submitted", job_id=job_id, script=str(path))
     if as_json:
-        print_json({"dry_run": False, "job_id": job_id, "script": str(path), "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir})
+        print_json(
+            {"dry_run": False, "job_id": job_id, "script": str(path), "ckpt_dir": spec.ckpt_dir, "run_dir": spec.run_dir, "notify": notify}
+        )
         return
     print(job_id)
     then = follow_up_commands(job_id, spec.ckpt_dir)
     err.print(f"submitted job [bold]{escape(job_id)}[/] ({escape(str(path))})")
     err.print(f"  follow:  {escape(then['status'])}\n           {escape(then['queue'])}\n  history: {escape(then['history'])}")
+    if notify is not None:
+        err.print(
+            f"  notify:  {escape(notify)} (the job's events, as JSON on its stdin; failures: ckpt history {escape(spec.ckpt_dir)} --event notify_failed)"
+        )
 
 
 def recover(
@@ -402,6 +423,11 @@ def job(
     node_check: str | None = NodeCheckOpt,
     node_check_at_start: bool = NodeCheckAtStartOpt,
     node_check_timeout: int = NodeCheckTimeoutOpt,
+    notify: str | None = typer.Option(None, "--notify", metavar="CMD", envvar="CKPT_NOTIFY", help=_NOTIFY_HELP),
+    notify_on: list[str] = typer.Option([], "--notify-on", metavar="EVENTS", envvar="CKPT_NOTIFY_ON", help=_NOTIFY_ON_HELP),
+    notify_timeout: float = typer.Option(
+        30.0, "--notify-timeout", min=0.1, metavar="SECONDS", envvar="CKPT_NOTIFY_TIMEOUT", help=_NOTIFY_TIMEOUT_HELP
+    ),
 ) -> None:
     """The batch job of `ckpt submit` (its script execs this): the whole requeue chain, once per start.
 
@@ -410,10 +436,13 @@ def job(
     the TERM came from scancel (stop for good) or --max-requeues is reached. A failed round:
     ckpt nodes says shrink, requeue excluding the bad nodes, or stop. Every step is a line
     `\\[ckpt job=ID restart=N HH:MM:SS] ...` of the job's output and an event in RUN_DIR/events.jsonl.
+    --notify CMD (the script exports it as CKPT_NOTIFY): CMD runs once per event of the job, not per
+    node, with the event's JSON on stdin; a failure or a timeout is recorded as notify_failed.
     """
     from ckpt_tool.core.node_ledger import Roster
     from ckpt_tool.slurm.chain import RunSpec
     from ckpt_tool.slurm.job import Job, JobSteps, NodeCheck
+    from ckpt_tool.slurm.submit import notify_config
 
     if not os.environ.get("SLURM_JOB_ID"):
         raise CkptError(
@@ -437,10 +466,11 @@ def job(
         raise CkptError(
             "--node-check-at-start needs --node-check CMD", "e.g. --node-check 'dcgmi diag -r 1' --node-check-at-start", ExitCode.USAGE
         )
+    told = notify_config(notify, notify_on, notify_timeout)
     roster = Roster(train_nodes, node_check=node_check is not None)
     steps = JobSteps(recover=_recover_step(ckpt_dir, runs_in), nodes=_nodes_step(ckpt_dir, runs_in, min_nodes, suspect_after, roster))
     check = NodeCheck(node_check, node_check_timeout) if node_check is not None else None
-    raise typer.Exit(Job(spec, steps, max_requeues, node_check=check, node_check_at_start=node_check_at_start).run())
+    raise typer.Exit(Job(spec, steps, max_requeues, node_check=check, node_check_at_start=node_check_at_start, notify=told).run())
 
 
 def _recover_step(ckpt_dir: Path, run_dir: Path) -> Any:

@@ -211,12 +211,14 @@ RUN_EVENTS: tuple[EventSpec, ...] = (
               "a node's pre-flight check (--node-check): passed, or failed and the node is left behind"),
     EventSpec("excluded", ("nodes",), _S, "the requeued job will avoid these nodes (ExcNodeList)"),
     EventSpec("requeue", ("restarts", "exclude", "reason"), _S, "the job was requeued (once per requeue: each node's ckpt run logs its own stop)"),
-    EventSpec("requeue_failed", ("reason",), _S, "the job could not be requeued (no scontrol)"),
+    EventSpec("requeue_failed", ("reason",), _S, "the job could not be requeued (no scontrol, or scontrol requeue refused)"),
     EventSpec("max_requeues_reached", ("restarts", "limit"), _S, "the job stops: it was requeued as many times as allowed"),
     EventSpec("cancelled", ("cause", "requeued", "restarts"), _S, "scancel ended the job: not requeued"),
     EventSpec("job_stopped", ("cause", "requeued", "restarts"), _S, "the job stopped after the stop's checkpoint on scancel: not requeued"),
     EventSpec("job_finished", (), _S, "the training finished: the job ends"),
-    EventSpec("job_failed", ("exit_code",), _S, "ckpt run failed in a way a requeue cannot fix: the job ends"),
+    EventSpec("job_failed", ("exit_code",), _S, "ckpt run (or ckpt recover) failed in a way a requeue cannot fix: the job ends"),
+    EventSpec("notify_failed", ("for_event", "exit_code", "detail", "seconds"), _S,
+              "the --notify command failed (exit_code) or was killed at its timeout (exit_code null) on for_event; the job goes on"),
 )  # fmt: skip
 
 _I = "the checkpoint store"

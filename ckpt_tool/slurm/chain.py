@@ -27,6 +27,11 @@ The rules (they were the batch script's bash until #31):
   the ones that passed; a failed check is in the ledger, so the standby is left behind.
   ``--node-check-at-start`` checks every node of the allocation before the first question.
 - **Requeues are bounded** (``max_requeues``, against SLURM's restart count) and need scontrol.
+- **What the user is told** (``--notify``): a ``Notify`` beside the event of each end of the job
+  (finished; failed, with the reason from ``ckpt run``'s exit code: ``crash_loop`` for 76,
+  ``save_failed`` for 78...; stopped; cancelled; max requeues; no requeue possible), of each
+  decision of ``ckpt nodes`` that leaves nodes behind or replaces them, and of each requeue. The
+  driver runs the command for the events it was asked for (``core.notify``), once per job.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from ckpt_tool.core.notify import failure_reason
 from ckpt_tool.errors import RESTART_CANNOT_HELP
 
 # --------------------------------------------------------------------------- config and state
@@ -178,6 +184,16 @@ class Note:
 
 
 @dataclass(frozen=True)
+class Notify:
+    """Tell the user's ``--notify`` command about ``event`` (run once per job, for the events it
+    was asked for; ``core.notify`` builds what it reads). ``fields``: the event's, and ``reason``
+    for a failed job."""
+
+    event: str
+    fields: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class ForwardStop:
     """USR1 to the payload running now (``ckpt run`` under srun), if any: checkpoint and stop.
     srun relays it to every node's ``ckpt run``, whose handler is not there until it has started
@@ -251,7 +267,7 @@ class Exit:
     code: int
 
 
-Action = Log | Note | ForwardStop | AskSlurm | AskNodes | CheckNodes | StartRecover | StartRun | Shrink | Requeue | Exclude | Exit
+Action = Log | Note | Notify | ForwardStop | AskSlurm | AskNodes | CheckNodes | StartRecover | StartRun | Shrink | Requeue | Exclude | Exit
 Step = tuple[ChainState, tuple[Action, ...]]
 
 USR1_CAUSE = "time-limit warning or scancel --signal=USR1"
@@ -260,6 +276,22 @@ USR1_CAUSE = "time-limit warning or scancel --signal=USR1"
 def note(event: str, **fields: object) -> Note:
     """A Note whose fields are strings, as ``ckpt note KEY=VALUE`` wrote them."""
     return Note(event, tuple((k, str(v)) for k, v in fields.items()))
+
+
+def notify(event: str, **fields: object) -> Notify:
+    """A Notify whose fields are strings, as the Note's."""
+    return Notify(event, tuple((k, str(v)) for k, v in fields.items()))
+
+
+def told(recorded: Note) -> tuple[Note, Notify]:
+    """The event, recorded and told: its Note, then its Notify with the same fields."""
+    return recorded, Notify(recorded.event, recorded.fields)
+
+
+def failed(rc: int, reason: str | None = None) -> tuple[Note, Notify]:
+    """``job_failed``: recorded with the exit code; told with the reason too (``crash_loop``,
+    ``save_failed``...: from ``rc`` unless given)."""
+    return note("job_failed", exit_code=rc), notify("job_failed", exit_code=rc, reason=reason or failure_reason(rc))
 
 
 # --------------------------------------------------------------------------- the rules
@@ -296,7 +328,8 @@ def step(cfg: ChainConfig, st: ChainState, ev: Event) -> Step:
         if action == "check":
             return replace(st, phase="check"), (Log(f"checking standby {ev.check} before it takes a slot"), CheckNodes(ev.check))
         said = replace(st, keep=ev.keep, drop=ev.drop, exclude=ev.exclude, replaced=ev.replaced, checked="-")
-        return _act(cfg, replace(said, active=ev.active) if ev.action else said, action)
+        st2, actions = _act(cfg, replace(said, active=ev.active) if ev.action else said, action)
+        return st2, (*_left_behind(ev), *actions)
     if isinstance(ev, NodesChecked):
         checked = ",".join(n for n in (*st.checked.split(","), *ev.passed.split(",")) if n != "-") or "-"
         st2 = replace(st, phase="nodes", checked=checked)
@@ -309,7 +342,7 @@ def step(cfg: ChainConfig, st: ChainState, ev: Event) -> Step:
         if st.stopping:
             return _requeue_or_stop(cfg, st)
         if ev.rc != 0:
-            return _end(st, Log(f"ckpt recover failed (exit {ev.rc}): not starting training"), code=ev.rc)
+            return _end(st, *failed(ev.rc, "recover_failed"), Log(f"ckpt recover failed (exit {ev.rc}): not starting training"), code=ev.rc)
         return replace(st, phase="run"), (*_roster_note(st), StartRun(st.round, st.active))
     if isinstance(ev, RunExited):
         return _on_run_exit(cfg, st, ev.rc)
@@ -327,7 +360,7 @@ def step(cfg: ChainConfig, st: ChainState, ev: Event) -> Step:
         return st2, (*shrunk, *actions)
     if isinstance(ev, RequeueDone):
         if not ev.ok:
-            return _end(st, Log("scontrol requeue failed"), code=75)
+            return _end(st, *told(note("requeue_failed", reason="scontrol-requeue-failed")), Log("scontrol requeue failed"), code=75)
         if st.exclude != "-":
             return replace(st, phase="exclude"), (Exclude(st.exclude),)
         return _end(st, code=0)
@@ -339,6 +372,17 @@ def step(cfg: ChainConfig, st: ChainState, ev: Event) -> Step:
 def _count(names: str) -> int:
     """Nodes in a comma list (0 for -)."""
     return len([n for n in names.split(",") if n and n != "-"])
+
+
+def _left_behind(ev: NodesSaid) -> tuple[Action, ...]:
+    """The Notify of a ``ckpt nodes`` answer that leaves nodes behind (it recorded the events
+    itself): ``replaced`` when standbys take their slots, else ``nodes_left_behind``."""
+    if ev.action not in ("replace", "shrink", "requeue") or ev.drop == "-":
+        return ()
+    fields = {"action": ev.action, "drop": ev.drop, "keep": ev.keep, "exclude": ev.exclude}
+    if ev.action == "replace" and ev.replaced != "-":
+        return (notify("replaced", **fields, replaced=ev.replaced),)
+    return (notify("nodes_left_behind", **fields),)
 
 
 def _roster_note(st: ChainState) -> tuple[Action, ...]:
@@ -369,20 +413,20 @@ def _on_slurm(cfg: ChainConfig, st: ChainState, ev: SlurmSaid) -> Step:
         return replace(st, stop_cause=cause), ()
     return replace(st, cancelled=True, stop_cause="scancel"), (
         Log("TERM from scancel (not a time limit or preemption): checkpointing, then stopping; not requeuing"),
-        note("cancelled", cause="scancel", requeued="no", restarts=cfg.restart),
+        *told(note("cancelled", cause="scancel", requeued="no", restarts=cfg.restart)),
     )
 
 
 def _on_run_exit(cfg: ChainConfig, st: ChainState, rc: int) -> Step:
     said = Log(f"ckpt run exited with {rc}")
     if rc == 0:
-        return _end(st, said, Log("training finished"), note("job_finished"), code=0)
+        return _end(st, said, Log("training finished"), *told(note("job_finished")), code=0)
     if st.stopping or rc == 75:  # asked to stop: requeue whatever the exit (128+n: killed before its handler)
         st2, actions = _requeue_or_stop(cfg, st)
         return st2, (said, *actions)
     if rc in RESTART_CANNOT_HELP:  # the same command, checkpoint or data fails the same way on any node
         why = f"training stopped on an error a restart cannot fix (exit {rc}: {CANNOT_HELP_WORDS.get(rc, 'see the events')}): not requeuing (see ckpt status)"
-        return _end(st, said, Log(why), note("job_failed", exit_code=rc), code=rc)
+        return _end(st, said, Log(why), *failed(rc), code=rc)
     return replace(st, phase="nodes", after_failure=True, last_rc=rc), (said, AskNodes(after_failure=True, active=st.active))
 
 
@@ -394,14 +438,14 @@ def _act(cfg: ChainConfig, st: ChainState, action: str) -> Step:
     if action == "requeue":
         return _requeue(cfg, st, f"too few healthy nodes: need {cfg.min_nodes}")
     if action == "finished":
-        return _end(st, Log("training finished"), note("job_finished"), code=0)
+        return _end(st, Log("training finished"), *told(note("job_finished")), code=0)
     if not st.after_failure:  # "stop" at the start: nothing failed yet, train
         return _go_on(cfg, st)
     rc = st.last_rc
     return _end(
         st,
         Log(f"training failed (exit {rc}), not a node's fault: not requeuing (see ckpt status)"),
-        note("job_failed", exit_code=rc),
+        *failed(rc),
         code=rc,
     )
 
@@ -419,7 +463,7 @@ def _requeue_or_stop(cfg: ChainConfig, st: ChainState) -> Step:
         return _end(
             st,
             Log("stopped by TERM (scancel, not a time limit or preemption): checkpointed, not requeuing"),
-            note("job_stopped", cause="scancel", requeued="no", restarts=cfg.restart),
+            *told(note("job_stopped", cause="scancel", requeued="no", restarts=cfg.restart)),
             code=0,
         )
     return _requeue(cfg, st, f"stopped by {st.stop_signal or 'the training'} ({st.stop_cause or 'asked'}) after a checkpoint")
@@ -431,19 +475,19 @@ def _requeue(cfg: ChainConfig, st: ChainState, reason: str) -> Step:
         return _end(
             st,
             Log(f"max requeues reached ({r} of {limit}): not requeuing; resume by hand with ckpt submit"),
-            note("max_requeues_reached", restarts=r, limit=limit),
+            *told(note("max_requeues_reached", restarts=r, limit=limit)),
             code=75,
         )
     if not cfg.scontrol:
         return _end(
             st,
             Log("scontrol is not available here (a container without SLURM tools?): cannot requeue"),
-            note("requeue_failed", reason="no-scontrol"),
+            *told(note("requeue_failed", reason="no-scontrol")),
             code=75,
         )
     return replace(st, phase="requeue", stopping=True), (  # the TERM that follows the requeue is ours
         Log(f"requeuing (restart {r} of at most {limit}): {reason}"),
-        note("requeue", restarts=r, exclude=st.exclude, reason=reason),
+        *told(note("requeue", restarts=r, exclude=st.exclude, reason=reason)),
         Requeue(),
     )
 

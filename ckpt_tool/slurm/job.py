@@ -10,8 +10,9 @@ in a thread whose children never see TERM (it is blocked there, and a blocked ma
 Every action is one call: the event log (``supervise.run_dir.note``), a log line
 ``[ckpt job=ID restart=N HH:MM:SS] ...`` on stdout (the job's output; tests and users grep
 these words), scontrol through ``slurm.commands``, the two steps the CLI hands in as
-``JobSteps`` (``ckpt recover`` and ``ckpt nodes``, called in this process), and the pre-flight
-check of a node (``--node-check``: ``srun -w NODE bash -c CMD`` under a timeout, one thread a node).
+``JobSteps`` (``ckpt recover`` and ``ckpt nodes``, called in this process), the pre-flight
+check of a node (``--node-check``: ``srun -w NODE bash -c CMD`` under a timeout, one thread a node),
+and the user's ``--notify`` command (``slurm.notify``: a thread of its own, waited for at the exit).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ckpt_tool.core.node_ledger import CHECK_EVENT
+from ckpt_tool.core.notify import ENV_NAMES, JobContext, NotifyConfig
 from ckpt_tool.slurm import chain, commands
 from ckpt_tool.slurm.chain import ChainConfig, ChainState, RunSpec
+from ckpt_tool.slurm.notify import Notifier
 from ckpt_tool.supervise.run_dir import events_size, note, read_events_after
 
 SIGNALS = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM"}
@@ -102,11 +105,13 @@ class Job:
         out: TextIO | None = None,
         node_check: NodeCheck | None = None,
         node_check_at_start: bool = False,
+        notify: NotifyConfig | None = None,
     ) -> None:
         self.spec = spec
         self.steps = steps
         self.node_check = node_check
-        self.env = dict(os.environ if env is None else env)
+        # the --notify values (the batch script exports them for this process) stay here: not the ranks' business
+        self.env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ENV_NAMES}
         self.out = out or sys.stdout
         self.run_dir = Path(spec.run_dir)
         self.job_id = self.env.get("SLURM_JOB_ID", "")
@@ -122,6 +127,7 @@ class Job:
         self._events: queue.SimpleQueue[chain.Event] = queue.SimpleQueue()
         self._payload: subprocess.Popen[bytes] | None = None
         self._round: tuple[str, int, int] = ("", 0, 0)  # the payload's round: id, nodes, events.jsonl's size at its start
+        self.notifier = Notifier(notify, self.run_dir, self._context, self.log, self.env) if notify is not None else None
 
     def run(self) -> int:
         """Install the handlers, then decide and act until the chain says exit."""
@@ -134,6 +140,8 @@ class Job:
             state, actions = chain.step(self.config, state, event)
             for action in actions:
                 if isinstance(action, chain.Exit):
+                    if self.notifier is not None:  # the job's last events are told before it ends
+                        self.notifier.close()
                     return action.code
                 answer = self._do(action)
                 if answer is not None:
@@ -178,6 +186,9 @@ class Job:
                 note(self.run_dir, action.event, **dict(action.fields))
             except OSError as exc:
                 self.log(f"cannot write the event {action.event} to {self.run_dir}: {exc.strerror or exc}")
+        elif isinstance(action, chain.Notify):
+            if self.notifier is not None:
+                self.notifier.send(action.event, dict(action.fields))
         elif isinstance(action, chain.ForwardStop):
             self._forward_stop()
         elif isinstance(action, chain.AskSlurm):
@@ -199,6 +210,12 @@ class Job:
         elif isinstance(action, chain.Exclude):
             self._in_thread(lambda: self._exclude(action.nodes), chain.ExcludeDone(False), block_term=True)
         return None
+
+    def _context(self) -> JobContext:
+        """Where the job is now, for a notification."""
+        return JobContext(
+            self.job_id, self.config.restart, self.spec.ckpt_dir, self.spec.run_dir, tuple(self._nodes_now()), socket.gethostname()
+        )
 
     def _num_nodes(self) -> int:
         value = self.env.get("SLURM_JOB_NUM_NODES", "1")

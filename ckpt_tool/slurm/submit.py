@@ -22,6 +22,7 @@ import submitit
 
 from ckpt_tool import __version__, config
 from ckpt_tool.core.layout import RUN_DIR_NAME
+from ckpt_tool.core.notify import DEFAULT_TIMEOUT_S, NotifyConfig, notify_env, parse_events
 from ckpt_tool.core.render import JobSpec, option_value, render, signal_lead
 from ckpt_tool.errors import CkptError, ExitCode
 from ckpt_tool.store.durable import atomic_write
@@ -158,12 +159,21 @@ def prepare(
     signal_lead_s: int | None = None,
     *,
     check_command: bool = True,
+    notify: str | None = None,
+    notify_on: Sequence[str] = (),
+    notify_timeout_s: float = DEFAULT_TIMEOUT_S,
     **options: Any,
 ) -> tuple[JobSpec, str]:
     """The job spec and its script; ``options`` are ``JobSpec`` fields. Missing SLURM settings
     come from ``ckpt.toml`` / ``[tool.ckpt]``; each node's task gets at least one CPU per rank.
-    A training command the job would not find is refused (``check_command``; see ``check_job_command``)."""
+    A training command the job would not find is refused (``check_command``; see ``check_job_command``).
+    ``notify``: a shell command ``ckpt job`` runs with each event's JSON on stdin (``notify_on``:
+    which events, default ``core.notify.NOTIFY_EVENTS``), exported to it as ``CKPT_NOTIFY...``
+    (see ``notify_config``)."""
     check_ckpt_dir_agrees(command, ckpt_dir)
+    wanted = notify_config(notify, notify_on, notify_timeout_s)
+    if wanted is not None:
+        options["env"] = notify_env(tuple(options.get("env") or ()), wanted)
     ckpt_dir = ckpt_dir.absolute()
     run_dir = (run_dir or ckpt_dir / RUN_DIR_NAME).absolute()
     for key in ("time", "partition", "account", "qos", "constraint", "mem", "cpus_per_task", "spares", "node_check"):
@@ -185,6 +195,21 @@ def prepare(
     if check_command:
         check_job_command(spec)
     return spec, render(spec, template())
+
+
+def notify_config(command: str | None, events: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S) -> NotifyConfig | None:
+    """``--notify CMD [--notify-on E,...] [--notify-timeout S]`` checked (``CkptError``, exit 2: an
+    empty or multi-line command, an event that cannot notify, or --notify-on/--notify-timeout without
+    --notify); None without a command."""
+    if command is None:
+        if events or timeout_s != DEFAULT_TIMEOUT_S:
+            raise CkptError(
+                "--notify-on and --notify-timeout need --notify CMD",
+                "e.g. --notify 'cat >> ~/job-events.jsonl' --notify-on job_finished,job_failed",
+                ExitCode.USAGE,
+            )
+        return None
+    return NotifyConfig(command, parse_events(events), timeout_s)
 
 
 def write_script(spec: JobSpec, script: str) -> Path:
@@ -222,7 +247,8 @@ def submit(command: Sequence[str], ckpt_dir: Path | str, **options: Any) -> subm
         ckpt_dir: the checkpoint directory (exported to the job as ``CKPT_DIR``).
         options: ``JobSpec`` fields, as the options of ``ckpt submit`` (``nodes``,
             ``nproc_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem``, ``time``,
-            ``partition``, ``max_requeues``, ``env``...).
+            ``partition``, ``max_requeues``, ``env``...), and ``notify`` (a shell command run with
+            each event's JSON on stdin), ``notify_on``, ``notify_timeout_s``.
 
     Returns:
         submitit's ``Job`` (``job_id``, ``state``, ``cancel()``).

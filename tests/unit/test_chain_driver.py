@@ -400,3 +400,91 @@ def test_a_node_checks_detail_is_its_own_last_line_not_the_one_srun_adds():
         "srun: error: Unable to create step for job 8: Invalid node name specified"
     )
     assert check_detail("") == "" and check_detail("x" * 300) == "x" * 200
+
+
+# --------------------------------------------------------------------------- --notify: once per event of the job, never fatal
+
+
+def told(job: FakeSlurm) -> list[dict]:
+    """The JSON lines the --notify command (``/bin/cat >> told.jsonl``) got, in order."""
+    path = job.tmp / "told.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def notify_into(job: FakeSlurm) -> tuple[str, ...]:
+    return ("--notify", f"/bin/cat >> '{job.tmp / 'told.jsonl'}'")  # the fake PATH holds only scontrol and srun
+
+
+def test_the_jobs_end_is_notified_once_with_its_payload(fake):
+    job = fake(srun_plan="exit0")
+    assert job.start(*notify_into(job)).wait() == 0
+    (end,) = told(job)  # job_start is not told; the round's end once, not once per node
+    assert {k: end[k] for k in ("event", "job_id", "restart", "ckpt_dir", "run_dir", "nodes")} == {
+        "event": "job_finished",
+        "job_id": "41",
+        "restart": 1,
+        "ckpt_dir": str(job.ckpt_dir),
+        "run_dir": str(job.run_dir),
+        "nodes": ["n1", "n2"],
+    }
+    assert end["message"] == f"job 41 finished: the training ended ({job.ckpt_dir})" and end["next"] == f"ckpt status {job.ckpt_dir}"
+    assert "] notified job_finished (" in job.output()
+    assert "notify_failed" not in [e for e, _ in job.events()]
+
+
+@pytest.mark.parametrize("rc, reason", [(76, "crash_loop"), (78, "save_failed")])
+def test_a_failed_job_is_told_why(fake, rc, reason):
+    job = fake(srun_plan=f"exit{rc}")
+    assert job.start(*notify_into(job)).wait() == rc
+    assert [(t["event"], t["exit_code"], t["reason"]) for t in told(job)] == [("job_failed", str(rc), reason)]
+    assert dict(job.events())["job_failed"] == {"exit_code": str(rc)}  # the event log keeps the catalog's fields
+
+
+def test_a_scancel_is_told_at_once_and_again_at_the_jobs_end(fake):
+    job = fake(srun_plan="wait")
+    job.start(*notify_into(job))
+    job.wait_for(lambda: (job.fake / "payload_ready").exists())
+    job.signal(signal.SIGTERM)
+    job.wait_for(lambda: [t["event"] for t in told(job)] == ["cancelled"])  # while the stop's checkpoint is written
+    assert job.wait() == 0
+    assert [(t["event"], t["cause"]) for t in told(job)] == [("cancelled", "scancel"), ("job_stopped", "scancel")]
+
+
+def test_a_node_left_behind_is_told_with_its_lists(fake):
+    job = fake(srun_plan="exit0")
+    seed_suspect(job)
+    assert job.start("--min-nodes", "1", *notify_into(job)).wait() == 0
+    left, end = told(job)
+    assert (left["event"], left["action"], left["drop"], left["keep"]) == ("nodes_left_behind", "shrink", ["n2"], ["n1"])
+    assert left["message"] == "job 41 left n2 behind: going on with n1" and end["event"] == "job_finished"
+
+
+def test_a_failing_notify_command_is_recorded_and_the_job_goes_on(fake):
+    job = fake(srun_plan="exit0")
+    assert job.start("--notify", "echo 'webhook down' >&2; exit 3").wait() == 0
+    assert job.chain_events() == ["job_start", "job_finished"]
+    failed = dict(job.events())["notify_failed"]
+    assert {k: failed[k] for k in ("for_event", "exit_code", "detail")} == {
+        "for_event": "job_finished",
+        "exit_code": 3,
+        "detail": "exit 3: webhook down",
+    }
+    assert "notify job_finished failed: exit 3: webhook down; the job goes on" in job.output()
+
+
+def test_a_hanging_notify_command_is_killed_at_its_timeout_and_the_job_ends(fake):
+    job = fake(srun_plan="exit0")
+    started = time.monotonic()
+    assert job.start("--notify", "/bin/sleep 100", "--notify-timeout", "1").wait(timeout=20) == 0
+    assert time.monotonic() - started < 15
+    failed = dict(job.events())["notify_failed"]
+    assert (failed["for_event"], failed["exit_code"], failed["detail"]) == ("job_finished", None, "timed out after 1 s (killed)")
+    assert 1 <= failed["seconds"] < 8
+
+
+def test_a_routine_requeue_is_told_only_when_asked_for(fake):
+    job = fake(srun_plan="exit75")
+    assert job.start(*notify_into(job), "--notify-on", "requeue,job_failed").wait() == 0
+    (requeued,) = told(job)
+    assert (requeued["event"], requeued["restarts"], requeued["exclude"]) == ("requeue", "1", [])
+    assert requeued["message"] == "job 41 requeued (restart 1): stopped by the training (asked) after a checkpoint"

@@ -327,3 +327,75 @@ def test_a_round_is_ready_once_each_of_its_nodes_logged_start():
     assert not round_ready([start("n1"), start("n2", "41.1.1")], rid, 2)  # the other start is of the round before
     assert not round_ready([start("n1"), {"event": "ranks_started", "node": "n2", "round": rid}], rid, 2)
     assert round_ready([start("n2"), {"event": "hang"}, start("n1")], rid, 2)
+
+
+# --------------------------------------------------------------------------- what the user is told (--notify)
+
+
+def told(actions) -> list[tuple[str, dict]]:
+    from ckpt_tool.slurm.chain import Notify
+
+    return [(a.event, dict(a.fields)) for a in actions if isinstance(a, Notify)]
+
+
+def test_each_end_of_the_job_is_told_once_with_the_fields_it_is_recorded_with():
+    cfg_max = ChainConfig("41", restart=3, max_requeues=3, min_nodes=2)
+    cfg_bare = ChainConfig("41", 0, 3, 2, scontrol=False)
+    ends = {
+        "finished": walk(*STARTED, RunExited(0))[1],
+        "nodes said finished": walk(*STARTED, RunExited(1), NodesSaid("finished"))[1],
+        "max requeues": walk(*STARTED, RunExited(75), cfg=cfg_max)[1],
+        "no scontrol": walk(*STARTED, RunExited(75), cfg=cfg_bare)[1],
+        "requeue refused": walk(*STARTED, RunExited(75), RequeueDone(False))[1],
+    }
+    assert {k: told(v) for k, v in ends.items()} == {
+        "finished": [("job_finished", {})],
+        "nodes said finished": [("job_finished", {})],
+        "max requeues": [("max_requeues_reached", {"restarts": "3", "limit": "3"})],
+        "no scontrol": [("requeue_failed", {"reason": "no-scontrol"})],
+        "requeue refused": [("requeue", {"restarts": "1", "exclude": "-", "reason": "stopped by the training (asked) after a checkpoint"}),
+                            ("requeue_failed", {"reason": "scontrol-requeue-failed"})],
+    }  # fmt: skip
+    for actions in ends.values():  # told before the exit, after the event is recorded
+        notify_at = max(i for i, a in enumerate(actions) if type(a).__name__ == "Notify")
+        assert isinstance(actions[-1], Exit) and notify_at < len(actions) - 1
+    assert notes(ends["requeue refused"])[-1] == ("requeue_failed", {"reason": "scontrol-requeue-failed"})  # ckpt status: its final state
+
+
+@pytest.mark.parametrize(
+    "events, rc, reason",
+    [
+        ((*STARTED, RunExited(76), NodesSaid("stop", "n1,n2")), 76, "crash_loop"),  # the breaker: no node to blame
+        ((*STARTED, RunExited(78)), 78, "save_failed"),  # saves kept failing: no restart helps
+        ((*STARTED, RunExited(79)), 79, "reproducible_anomaly"),
+        ((*STARTED, RunExited(1), NodesSaid(None)), 1, "restarts_exhausted"),
+        ((Started("n1"), NodesSaid("continue"), RecoverExited(3)), 3, "recover_failed"),
+    ],
+)
+def test_a_failed_job_is_told_why_from_ckpt_runs_exit_code(events, rc, reason):
+    _, actions = walk(*events)
+    assert told(actions) == [("job_failed", {"exit_code": str(rc), "reason": reason})]
+    assert notes(actions)[-1] == ("job_failed", {"exit_code": str(rc)}) and actions[-1] == Exit(rc)
+
+
+def test_a_scancel_is_told_at_once_and_the_stop_at_the_end_but_a_routine_requeue_only_as_requeue():
+    st, actions = walk(*STARTED, SignalArrived("TERM"), SlurmSaid("RUNNING", "None"))
+    assert told(actions) == [("cancelled", {"cause": "scancel", "requeued": "no", "restarts": "1"})]
+    _, actions = walk(RunExited(75), state=st)
+    assert told(actions) == [("job_stopped", {"cause": "scancel", "requeued": "no", "restarts": "1"})]
+    _, actions = walk(*STARTED, SignalArrived("USR1"), RunExited(75))
+    assert [e for e, _ in told(actions)] == ["requeue"]  # told only to a --notify-on requeue (core.notify)
+
+
+def test_nodes_left_behind_or_replaced_are_told_once_per_decision():
+    _, actions = walk(*STARTED, RunExited(77), NodesSaid("shrink", "n1", "n2", "-"))
+    assert told(actions) == [("nodes_left_behind", {"action": "shrink", "drop": "n2", "keep": "n1", "exclude": "-"})]
+    _, actions = walk(*STARTED, RunExited(77), NodesSaid("requeue", "n1", "n2", "n2"))
+    assert [e for e, _ in told(actions)] == ["nodes_left_behind", "requeue"]
+    _, actions = walk(*SPARE_START, RunExited(77), NodesSaid("replace", "n1,n3", "n2", "n2", "n1,n3", "-", "n2:n3"))
+    assert told(actions) == [("replaced", {"action": "replace", "drop": "n2", "keep": "n1,n3", "exclude": "n2", "replaced": "n2:n3"})]
+    for quiet in (NodesSaid("continue", "n1,n2"), NodesSaid("check", "n1,n3", "n2", "n2", "n1,n3", "n3")):
+        _, actions = walk(*SPARE_START, RunExited(77), quiet)
+        assert told(actions) == []  # nothing left behind yet
+    _, actions = walk(*STARTED)
+    assert told(actions) == []  # a start is not told
