@@ -149,7 +149,8 @@ _S = "ckpt job (the batch script's chain)"
 _T = "the training (CheckpointManager), logged by ckpt run"
 RUN_EVENTS: tuple[EventSpec, ...] = (
     # ckpt run: the watchdog
-    EventSpec("start", (*RUN, "argv", "timeouts", "gpu_monitor"), _W, "ckpt run started torchrun on this node"),
+    EventSpec("start", (*RUN, "argv", "timeouts", "gpu_monitor", "launched"), _W,
+              "ckpt run started torchrun on this node (launched: when the ckpt run process itself started)"),
     EventSpec("ranks_started", (*RUN, "rank", "phase", "warm"), _W, "the first beat of an attempt's ranks on this node"),
     EventSpec("resumed", (*RUN, "rank", "step", "checkpoint"), _W, "the ranks trained their first step after loading a checkpoint"),
     EventSpec("restarted", (*RUN, "torchrun_restart_count"), _W, "torchrun restarted the group of ranks (a new attempt)"),
@@ -225,8 +226,8 @@ _I = "the checkpoint store"
 CHECKPOINT_EVENTS: tuple[EventSpec, ...] = tuple(
     EventSpec(name, fields, by, meaning, "index.jsonl")
     for name, fields, by, meaning in (
-        ("commit", ("step", "bytes", "run_id", "world_size", "mesh", "global_batch", "probe_loss", "created_at"), _I,
-         "a checkpoint was committed (manifest last, LATEST moved)"),
+        ("commit", ("step", "bytes", "run_id", "world_size", "mesh", "global_batch", "probe_loss", "created_at", "blocked_s"), _I,
+         "a checkpoint was committed (manifest last, LATEST moved); blocked_s: the seconds its save blocked rank 0's training"),
         ("validated", ("step", "ok", "problems"), "ckpt validate, ckpt recover --full", "a checkpoint's hashes were checked"),
         ("verified", ("step", "ok", "problems"), "ckpt verify, ckpt recover", "a checkpoint's probe was recomputed after a load"),
         ("quarantine", ("step", "reason", "moved_to"), _I, "a damaged checkpoint was moved aside (never deleted by recovery)"),

@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -374,13 +374,13 @@ class CheckpointStore:
         """Remove what a failed save staged; the previous checkpoint is untouched."""
         shutil.rmtree(self.partial_path(step), ignore_errors=True)
 
-    def commit(self, step: int, manifest: Manifest) -> Path:
+    def commit(self, step: int, manifest: Manifest, facts: Mapping[str, object] | None = None) -> Path:
         """Make the staged ``.step_N.partial`` the committed ``step_N`` and point LATEST at it.
 
         The manifest is written last into the staging directory (temp + fsync + rename), the
         directory is fsynced and renamed, the parent fsynced; then LATEST moves and the index
         records the commit, all under the lock. A crash at any instant leaves LATEST on a
-        complete checkpoint.
+        complete checkpoint. ``facts``: more fields of the index's ``commit`` event.
         """
         partial = self.partial_path(step)
         with span("store.commit"):
@@ -394,7 +394,7 @@ class CheckpointStore:
                 os.rename(partial, target)
                 fsync_dir(self.root)
                 self.write_latest_locked(step)
-                self.append_event("commit", **commit_summary(manifest))
+                self.append_event("commit", **commit_summary(manifest), **(facts or {}))
         return target
 
     def rewrite_manifest(self, step: int, manifest: Manifest, event: str, **data: object) -> None:

@@ -50,7 +50,7 @@ from ckpt_tool.store.store import newest_step
 from ckpt_tool.supervise import channel, peer_links, round_end, stacks
 from ckpt_tool.supervise.gpu_monitor import open_reader
 from ckpt_tool.supervise.peer_links import LinkCheck, PeerLinks
-from ckpt_tool.supervise.processes import alive, end_launcher, ignore_job_signals, kill_tree
+from ckpt_tool.supervise.processes import alive, end_launcher, ignore_job_signals, kill_tree, started_at
 from ckpt_tool.supervise.rank_reports import LOGGED, RankReports
 from ckpt_tool.supervise.rank_vitals import RankHealth
 from ckpt_tool.supervise.run_config import RunConfig, rank_environment, torchrun_argv
@@ -118,6 +118,7 @@ class Watchdog:
         self.round = round_end.RoundWatch(cfg.run_dir, cfg.round_id, cfg.node, cfg.suspect_after)
         self.closed_at: float | None = None  # when the current attempt lost a rank
         self.judged: set[int] = set()  # attempts whose failure the health ledger has judged
+        self.finished_well = False  # torchrun ended well: `finished` is written after the cleanup
         self.durations = DurationLog()
         self.pool: WarmPool | None = None
         self.world: int | None = None  # the job's world size, as the ranks say
@@ -155,7 +156,8 @@ class Watchdog:
             self.pool.fill()
         argv = torchrun_argv(self.cfg)
         previous = {s: signal.signal(s, self._on_stop_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}
-        self.event("start", argv=argv, timeouts=self.timeouts(), gpu_monitor=self.no_gpu or "NVML")
+        launched = round(started_at(), 3)  # ckpt run's own start: the account's wall time counts from it
+        self.event("start", argv=argv, timeouts=self.timeouts(), gpu_monitor=self.no_gpu or "NVML", launched=launched)
         write_command(self.cfg.run_dir, list(self.cfg.command), os.getcwd(), self.cfg.nproc_per_node)  # for ckpt replay
         # SLURM delivers USR1/TERM to every process of the step, torchrun included, and USR1's
         # default action kills it: torchrun and the ranks ignore USR1 (the ranks get the request
@@ -177,6 +179,8 @@ class Watchdog:
             sock.close()
             shutil.rmtree(sock_dir, ignore_errors=True)
             write_timeouts(self.cfg.run_dir, self.durations, self.timeouts())
+        if code == ExitCode.OK and self.finished_well:
+            self.event("finished", exit_code=0)  # after the cleanup: the account of the run's time ends here
         return code
 
     def _supervise(self, proc: subprocess.Popen, sock: Any) -> int:
@@ -267,7 +271,7 @@ class Watchdog:
             )  # fmt: skip
             return ExitCode.REQUEUE
         if rc == 0:
-            self.event("finished", exit_code=0)
+            self.finished_well = True  # said once the node is cleaned up (run's end)
             return ExitCode.OK
         self.event("failed", torchrun_exit_code=rc, note=f"torchrun gave up (--max-restarts {self.cfg.max_restarts})")
         return ExitCode.FAILED

@@ -9,7 +9,7 @@ retention. Every rank learns the outcome.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import xxhash
@@ -36,11 +36,12 @@ def commit_staged(
     rank_json: bytes,
     make_manifest: Callable[[tuple[FileEntry, ...]], Manifest],
     retention: RetentionPolicy | None = None,
+    facts: Mapping[str, object] | None = None,
 ) -> None:
     """Collective. Raises ``CkptError`` on every rank when the commit failed (the previous
-    checkpoint is intact)."""
+    checkpoint is intact). ``facts``: more fields of the index's ``commit`` event (the save's blocked time)."""
     entries = staged_entries(store, step, run_id, fs, comm.rank, rank_json)
-    commit_entries(store, comm, step, [e for es in comm.all_gather(entries) for e in es], make_manifest, retention)
+    commit_entries(store, comm, step, [e for es in comm.all_gather(entries) for e in es], make_manifest, retention, facts)
 
 
 def staged_entries(store: CheckpointStore, step: int, run_id: str, fs: HashingFileSystem, rank: int, rank_json: bytes) -> list[FileEntry]:
@@ -78,13 +79,14 @@ def commit_entries(
     entries: list[FileEntry],
     make_manifest: Callable[[tuple[FileEntry, ...]], Manifest],
     retention: RetentionPolicy | None = None,
+    facts: Mapping[str, object] | None = None,
 ) -> None:
     """Rank 0 commits the staged step with the files of every rank (``entries``, gathered) and
     applies retention; every rank learns the outcome (``CkptError`` on every rank)."""
     error: CkptError | None = None
     if comm.is_coordinator:
         try:
-            store.commit(step, make_manifest(tuple(sorted(entries, key=lambda e: e.path))))
+            store.commit(step, make_manifest(tuple(sorted(entries, key=lambda e: e.path))), facts)
             if retention is not None:
                 prune(store, retention, known_good=step)  # hashed as it was written
         except CkptError as exc:  # keeps its hint and exit code (a directory taken over: 4)

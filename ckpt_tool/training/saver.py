@@ -76,12 +76,20 @@ class Saver:
         self.failed_in_a_row = 0  # failed saves since the last commit (reset by a commit)
         self.closing = False  # no later save will retry a failure now (close, a stop request's save)
         self._rank_bytes = 0  # this rank's tensor bytes in the save under way (the bytes it needed)
+        # what the commit event's blocked_s is made of: when save() was called, and per step when the
+        # staging finished and when the training thread began to wait for it (the optimizer's hook)
+        self._save_began = 0.0
+        self._staged_at: dict[int, float] = {}
+        self._wait_began: dict[int, float] = {}
+        self._staging_step: int | None = None
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, extra: dict[str, Any] | None) -> None:
         """Save ``step`` (collective: every rank calls it with the same step) with ``extra`` in the rank state,
         after waiting for the save in flight; with ``async_save`` it returns once the state is staged and the
-        commit goes on in the background. A failed save goes through ``handle_error``: a warning, or raised."""
+        commit goes on in the background. A failed save goes through ``handle_error``: a warning, or raised.
+        The time it blocks the caller, and the wait for its staging after, are the commit's ``blocked_s``."""
+        self._save_began = time.monotonic()
         self.wait()  # at most one save in flight
         self._check_step_grows(step)
         self.ensure_run_id()
@@ -124,8 +132,10 @@ class Saver:
             except (CheckpointException, OSError) as exc:
                 self.handle_error(self._failed(step, exc))
                 return
-            self._staging = response.staging_completion
-            self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args)
+            self._staging, self._staging_step = response.staging_completion, step
+            response.staging_completion.add_done_callback(lambda _: self._staged_at.__setitem__(step, time.monotonic()))
+            held = time.monotonic() - self._save_began
+            self._inflight = self._executor.submit(self._finish, response.upload_completion, *commit_args, held)
         else:
             try:
                 with span("save.write"), fs.writers_settled(), single_process_quietly():
@@ -134,7 +144,7 @@ class Saver:
                 self.handle_error(self._failed(step, exc))
                 return
             try:
-                self._finish(None, *commit_args)
+                self._finish(None, *commit_args, time.monotonic() - self._save_began)
             except CkptError as exc:
                 self.handle_error(exc)
                 return
@@ -192,8 +202,11 @@ class Saver:
         probe: Probe | None,
         created_at: float,
         env: dict[str, Any],
+        held_s: float = 0.0,
     ) -> None:
-        """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits."""
+        """Per-rank file + hashes, gathered; rank 0 writes the manifest and commits. ``held_s``: the
+        seconds ``save()`` held the training thread; the wait for the staging is added here (staging
+        ends before the upload: if the training thread began to wait, its wait ended at ``staged_at``)."""
         if upload is not None:
             try:
                 with span("save.upload_wait"), fs.writers_settled():
@@ -212,8 +225,11 @@ class Saver:
             return manifest
 
         try:
+            staged, waited = self._staged_at.pop(step, None), self._wait_began.pop(step, None)
+            staging_wait = max(0.0, staged - waited) if staged is not None and waited is not None else 0.0
+            facts = {"blocked_s": round(held_s + staging_wait, 4)}
             with span("save.commit"):
-                commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention)
+                commit_staged(self.store, self.comm, step, run_id, fs, rank_json, make_manifest, self.config.retention, facts)
         except (CkptError, OSError) as exc:
             raise self._failed(step, exc) from None
         self.committed_step = step
@@ -299,6 +315,8 @@ class Saver:
         with span("save.staging_wait"):
             staging, self._staging = self._staging, None
             if staging is not None:
+                if self._staging_step is not None:
+                    self._wait_began.setdefault(self._staging_step, time.monotonic())
                 staging.result()
 
     def wait(self, timeout: float | None = None) -> None:
