@@ -152,6 +152,9 @@ def plan(
             as_json,
         )
         return
+    if run_dir is not None and interval_given == ["--run-dir"] and restart_seconds is None:
+        _compare_run(run_dir, as_json)
+        return
     if ckpt_seconds is None and interval_given:
         raise CkptError(
             f"missing option --ckpt-seconds (with {', '.join(interval_given)}): an interval needs the seconds one checkpoint costs",
@@ -239,6 +242,49 @@ def plan(
         ],
         title=f"MTBF {mtbf_s / 3600:.2f} h, checkpoint {ckpt_seconds:g} s, restart {restart_seconds:g} s",
     )
+
+
+def _compare_run(target: Path, as_json: bool) -> None:
+    """``ckpt plan --run-dir`` alone: the run's measured ETTR beside what the model predicts for its
+    interval, checkpoint cost, MTBF and restart time, the cost that dominates and what would move it."""
+    from ckpt_tool.cli.runs import _timeline
+    from ckpt_tool.cli.targets import locate
+    from ckpt_tool.core.account import WORDS, account, duration, run_model
+
+    run_dir, ckpt_dir = locate(target, "--run-dir", job_id_too=False)
+    timeline, _ = _timeline(run_dir, ckpt_dir)
+    acct = account(timeline)
+    if acct is None or acct.wall_s <= 0:
+        raise CkptError(
+            f"{target} holds no run to compare: no job started under `ckpt run` or `ckpt submit` ({run_dir / 'events.jsonl'})",
+            "point --run-dir at the checkpoint directory of a run started with ckpt run or ckpt submit; "
+            "or plan from numbers: ckpt plan --ckpt-seconds 90 --mtbf-hours 24",
+            ExitCode.NOT_FOUND,
+        )
+    m = run_model(acct, timeline)
+    if as_json:
+        print_json({"account": acct.to_json(), "model": m.to_json()})
+        return
+    out.print(f"[bold]{escape(acct.summary())}[/] over {duration(acct.wall_s)}")
+    out.print(f"measured ETTR {m.ettr:.1%}; without the job's start and end (which the model leaves out) {m.ettr_model_terms:.1%}")
+    said = [
+        f"a save blocks {m.checkpoint_s:.3g} s" if m.checkpoint_s is not None else "save cost not recorded (commits without blocked_s)",
+        f"a checkpoint every {duration(m.interval_s)} of training" if m.interval_s is not None else "fewer than two checkpoints of one run",
+        f"MTBF {duration(m.mtbf_s)} ({plural(m.interruptions, 'interruption')})" if m.mtbf_s is not None else "no failure yet",
+        f"{duration(m.restart_s)} without training per interruption" if m.restart_s is not None else "",
+    ]
+    out.print("the run: " + escape(", ".join(x for x in said if x)))
+    if m.predicted is not None and m.best_interval_s is not None and m.best_predicted is not None:
+        out.print(
+            f"the model (Daly) predicts {m.predicted:.1%} for these numbers (measured {m.ettr_model_terms:.1%}); "
+            f"its interval for them: {duration(m.best_interval_s)}, predicted {m.best_predicted:.1%}"
+        )
+    else:
+        out.print("the model needs a save cost, two checkpoints and a failure: not all measured in this run")
+    if m.dominant is not None:
+        out.print(f"the largest cost: [bold]{WORDS[m.dominant[0]]}[/] ({duration(m.dominant[1])})")
+    for line in m.advice:
+        out.print(f"  - {escape(line)}")
 
 
 def _print_measured(measured: StepTime | None) -> None:

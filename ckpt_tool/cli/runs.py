@@ -49,11 +49,65 @@ def _job_or_dir(target: str) -> tuple[Path, Path | None, str | None, list[str]]:
     return found.run_dir, found.ckpt_dir, target, [f"job {target}'s run directory {found.run_dir} (from {found.found_in})"]
 
 
+def _timeline(run_dir: Path, ckpt_dir: Path | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """The run's events and its checkpoint index's, merged oldest first (``source`` says which), and
+    notes on lines that could not be read."""
+    from ckpt_tool.store.store import CheckpointStore
+    from ckpt_tool.supervise.run_dir import load_events
+
+    records, skipped = load_events(run_dir)
+    timeline = [{"source": "run", **e} for e in records]
+    notes = [n for n in [_skipped_note(run_dir, skipped)] if n]
+    if ckpt_dir is not None and ckpt_dir.is_dir() and (ckpt_dir / "index.jsonl").exists():
+        log = CheckpointStore(ckpt_dir).event_log()
+        timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in log.events]
+        notes += [n for n in [log.skipped_note(str(ckpt_dir / "index.jsonl"))] if n]
+    timeline.sort(key=lambda e: e["time"])
+    return timeline, notes
+
+
+LIVE_STATES = frozenset({"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
+def _print_account(acct: Any, detail: bool) -> None:
+    """The account's line (``3 interruptions, ... ETTR 96.8%``), where the time went, and with
+    ``detail`` one row per interruption."""
+    from ckpt_tool.core.account import KINDS, WORDS, duration
+
+    out.print(f"[bold]{escape(acct.summary())}[/]")
+    totals = acct.totals()
+    wall = acct.wall_s or 1.0
+    spent = [f"{WORDS[k]} {duration(totals[k])} ({totals[k] / wall:.1%})" for k in KINDS if totals[k] > 0]
+    out.print(f"  {duration(acct.wall_s)} of wall time: " + escape("; ".join(spent)))
+    if not detail or not acct.interruptions:
+        return
+    print_table(
+        [Column("#"), Column("time"), Column("what"), Column("step"), Column("went on from"), Column("steps redone"),
+         Column("down"), Column("of which"), Column("then")],
+        [
+            (
+                i.index + 1,
+                time.strftime("%m-%d %H:%M:%S", time.localtime(i.time)),
+                i.label,
+                i.step if i.step is not None else "-",
+                i.resumed_from if i.resumed_from is not None else "-",
+                i.steps_recomputed,
+                duration(i.down_s),
+                ", ".join(f"{k} {duration(v)}" for k, v in i.seconds.items() if v > 0) or "-",
+                "; ".join(i.then) or "-",
+            )
+            for i in acct.interruptions
+        ],
+        title="interruptions (down: no training; recompute: the steps redone after it)",
+    )  # fmt: skip
+
+
 def status(
     target: str = typer.Argument(..., metavar="TARGET", help="A job id, a checkpoint directory or a run directory.", show_default=False),
     as_json: bool = JsonTextOpt,
 ) -> None:
     """Job state, restarts and requeues so far, newest checkpoint and its age, last events."""
+    from ckpt_tool.core.account import account
     from ckpt_tool.core.history import last_anomaly
     from ckpt_tool.slurm.commands import job_state
     from ckpt_tool.store.store import CheckpointStore
@@ -63,6 +117,8 @@ def status(
     run_dir, ckpt_dir, job_id, found = _job_or_dir(target)
     events, skipped = load_events(run_dir)
     notes = [n for n in [_skipped_note(run_dir, skipped)] if n]
+    timeline, timeline_notes = _timeline(run_dir, ckpt_dir)
+    notes += [n for n in timeline_notes if n not in notes]
     if job_id is None:
         ids = [e.get("job_id") for e in events if e.get("job_id")]
         job_id = str(ids[-1]) if ids else None
@@ -100,9 +156,13 @@ def status(
     report["last_anomaly"] = last_anomaly(events)
     report["last_events"] = events[-8:]
     report["notes"] = notes
+    acct = account(timeline, now=time.time() if report["job_state"] in LIVE_STATES else None)
+    report["account"] = acct.to_json() if acct is not None else None
     if as_json:
         print_json(report)
         return
+    if acct is not None:
+        _print_account(acct, detail=False)
     out.print(
         f"job [bold]{escape(report['job_id'] or '-')}[/]: {escape(report['job_state'] or 'unknown')}  starts {report['starts']}  requeues {report['requeues']}  restarts in allocation {report['in_allocation_restarts']}"
     )
@@ -213,6 +273,9 @@ def history(
     since: str | None = typer.Option(
         None, "--since", help="Only events since a duration ago (30m, 2h, 1d) or a local time ('2026-12-03 10:00').", show_default=False
     ),
+    until: str | None = typer.Option(
+        None, "--until", help="Only events up to a duration ago (30m, 2h) or a local time ('2026-12-03 12:00').", show_default=False
+    ),
     event: list[str] = typer.Option(
         [], "--event", help="Only events of this name (repeat for several: --event commit --event hang).", show_default=False
     ),
@@ -222,27 +285,28 @@ def history(
     as_json: bool = JsonTextOpt,
 ) -> None:
     """The run's timeline: saves, failures, restarts, requeues and rollbacks (and a picture of it: --plot)."""
+    from ckpt_tool.core.account import account
     from ckpt_tool.core.history import KNOWN_EVENTS, parse_since, select, unknown_events
-    from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.supervise.run_dir import load_events
 
-    start = parse_since(since, time.time()) if since is not None else None
+    now = time.time()
+    start = parse_since(since, now) if since is not None else None
+    stop = parse_since(until, now, "--until") if until is not None else None
+    if start is not None and stop is not None and stop < start:
+        raise CkptError(
+            f"--until {until!r} is before --since {since!r}: no time between them",
+            "give --since the earlier time, e.g. --since 2h --until 1h",
+            ExitCode.USAGE,
+        )
     if plot is not None:
         from ckpt_tool.ops.plot import check_target
 
         check_target(plot)  # a directory, a missing parent, a suffix that names no format: before any work
 
     run_dir, ckpt_dir, _, found = _job_or_dir(target)
-    records, skipped = load_events(run_dir)
-    timeline = [{"source": "run", **e} for e in records]
-    notes = found + [n for n in [_skipped_note(run_dir, skipped)] if n]
-    if ckpt_dir is not None and ckpt_dir.is_dir() and (ckpt_dir / "index.jsonl").exists():
-        log = CheckpointStore(ckpt_dir).event_log()
-        timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in log.events]
-        notes += [n for n in [log.skipped_note(str(ckpt_dir / "index.jsonl"))] if n]
+    timeline, read_notes = _timeline(run_dir, ckpt_dir)
+    notes = found + read_notes
     if not timeline:
         raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of the run (or its run/ directory)", ExitCode.NOT_FOUND)
-    timeline.sort(key=lambda e: e["time"])
     unknown = unknown_events(event, timeline)
     if unknown:
         raise CkptError(
@@ -250,10 +314,15 @@ def history(
             "known events: " + ", ".join(sorted(set(KNOWN_EVENTS) | {str(e["event"]) for e in timeline})),
             ExitCode.USAGE,
         )
-    whole = len(timeline)
-    timeline = select(timeline, start, event, last)
-    if len(timeline) < whole:
-        notes.append(f"{len(timeline)} of {whole} events shown (--since/--event/--last)")
+    whole = timeline
+    acct = account(whole)
+    if acct is not None and (start is not None or stop is not None):
+        acct = acct.window(start, stop)
+    timeline = select(whole, start, event, last, stop)
+    if len(timeline) < len(whole):
+        notes.append(f"{len(timeline)} of {len(whole)} events shown (--since/--until/--event/--last)")
+        if acct is not None and (start is not None or stop is not None):
+            notes.append("the account covers the time between --since and --until only")
     if metrics is not None and plot is None:
         raise CkptError("--metrics draws the loss curve of --plot", "add --plot PATH.png", ExitCode.USAGE)
     if plot is not None:
@@ -261,11 +330,20 @@ def history(
         from ckpt_tool.ops.plot import draw, read_metrics
 
         told = story(timeline, read_metrics(metrics) if metrics is not None else None)
-        draw(told, plot, f"{target}: {len(told.marks)} marked events; loss: {told.loss_source}")
+        draw(told, plot, f"{target}", acct)
         notes.append(f"picture written to {plot}")
     if as_json:
-        print_json({"events": timeline, "notes": notes, **({"plot": str(plot)} if plot is not None else {})})
+        print_json(
+            {
+                "account": acct.to_json() if acct is not None else None,
+                "events": timeline,
+                "notes": notes,
+                **({"plot": str(plot)} if plot is not None else {}),
+            }
+        )
         return
+    if acct is not None:
+        _print_account(acct, detail=True)
     styles = {
         "hang": "red",
         "rank_exited": "red",

@@ -124,9 +124,9 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 SINCE_EXAMPLES = "a duration back from now (45s, 30m, 2h, 1d, 1w) or a local time (2026-12-03 10:00, 2026-12-03)"
 
 
-def parse_since(text: str, now: float) -> float:
-    """``--since``: the epoch time from which to show events, from a duration back from ``now``
-    (``30m``, ``2h``, ``1d``) or a local date and time (``2026-12-03 10:00``, ISO forms)."""
+def parse_since(text: str, now: float, option: str = "--since") -> float:
+    """``--since`` (or ``--until``): an epoch time from a duration back from ``now`` (``30m``,
+    ``2h``, ``1d``) or a local date and time (``2026-12-03 10:00``, ISO forms)."""
     value = text.strip()
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", value.lower())
     if match:
@@ -134,7 +134,7 @@ def parse_since(text: str, now: float) -> float:
     try:
         return datetime.datetime.fromisoformat(value).timestamp()
     except ValueError:
-        raise CkptError(f"--since {text!r} is neither a duration nor a time", f"give {SINCE_EXAMPLES}", ExitCode.USAGE) from None
+        raise CkptError(f"{option} {text!r} is neither a duration nor a time", f"give {SINCE_EXAMPLES}", ExitCode.USAGE) from None
 
 
 def unknown_events(wanted: Sequence[str], timeline: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -144,15 +144,22 @@ def unknown_events(wanted: Sequence[str], timeline: Sequence[Mapping[str, Any]])
 
 
 def select(
-    timeline: Sequence[Mapping[str, Any]], since: float | None = None, events: Sequence[str] = (), last: int | None = None
+    timeline: Sequence[Mapping[str, Any]],
+    since: float | None = None,
+    events: Sequence[str] = (),
+    last: int | None = None,
+    until: float | None = None,
 ) -> list[Mapping[str, Any]]:
-    """The events at or after ``since``, of the names in ``events`` (all when empty), the newest
-    ``last`` of them; oldest first, as given."""
-    chosen = [
-        e
-        for e in timeline
-        if (since is None or (isinstance(e.get("time"), (int, float)) and e["time"] >= since)) and (not events or e.get("event") in events)
-    ]
+    """The events at or after ``since`` and at or before ``until``, of the names in ``events``
+    (all when empty), the newest ``last`` of them; oldest first, as given."""
+
+    def inside(e: Mapping[str, Any]) -> bool:
+        when = e.get("time")
+        if since is None and until is None:
+            return True
+        return isinstance(when, (int, float)) and (since is None or when >= since) and (until is None or when <= until)
+
+    chosen = [e for e in timeline if inside(e) and (not events or e.get("event") in events)]
     return chosen[-last:] if last is not None else chosen
 
 

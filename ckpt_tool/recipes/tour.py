@@ -11,8 +11,9 @@ One job of the reference recipe on three nodes (n1-n3 of ``.ci/slurm-up``, one r
 4. node n3 goes bad from that start on (the recipe's injected ECC error, a few steps into every
    start) -> blamed twice in a row, left behind: the job goes on with two nodes and the same
    global batch;
-5. ``ckpt history`` (the timeline), ``ckpt verify`` of the final checkpoint, and the story as a
-   picture (``ckpt history --plot``), whose path it prints.
+5. ``ckpt history`` (the timeline and the account of the run's time: its interruptions, the steps
+   recomputed, the time down, the ETTR), ``ckpt verify`` of the final checkpoint, and the story as
+   a picture on a wall clock (``ckpt history --plot``), whose path it prints.
 
 Exit 0 when every act happened as told, else 1 with the job's output. The job is cancelled on
 the way out whatever happened. ``python -m ckpt_tool.recipes.tour --work DIR``.
@@ -195,8 +196,18 @@ class Tour:
         history = ckpt("history", str(self.ckpt_dir), "--json")
         if history.returncode != 0:
             raise TourFailed(f"ckpt history failed: {history.stderr[-1500:]}")
-        for line in story_lines(json.loads(history.stdout)["events"]):
+        told = json.loads(history.stdout)
+        for line in story_lines(told["events"]):
             console.print(f"    {escape(line)}", soft_wrap=True)
+        acct = told["account"]
+        self.say(f"where the time went: [bold]{escape(acct['summary'])}[/]")
+        spent = ", ".join(f"{kind} {seconds:.1f} s" for kind, seconds in acct["seconds"].items() if seconds > 0)
+        self.say(f"  {acct['wall_s']:.0f} s of wall time: {escape(spent)}")
+        for i in acct["interruptions"]:
+            then = f"; {'; '.join(i['then'])}" if i["then"] else ""
+            self.say(
+                f"  {i['index'] + 1}. {escape(i['label'])}: {i['down_s']:.1f} s down, {i['steps_recomputed']} steps redone{escape(then)}"
+            )
         cmd = ["verify", str(self.ckpt_dir), "--nproc", "2", "--json"]  # the saved mesh: an exact check
         self.show(["OMP_NUM_THREADS=1", "ckpt", *cmd])
         verify = sh(sys.executable, "-m", "ckpt_tool.cli.main", *cmd, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from ckpt_tool.cli.runs import _timeline
+from ckpt_tool.core.account import account
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.recipes.launch import read_metrics
 from ckpt_tool.store.store import CheckpointStore
@@ -26,9 +28,12 @@ def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, superv
     s = supervised().start()
     s.wait_for_step(12)
     victim = s.rank_list()[-1]
+    reached = max(m.step for m in read_metrics(s.metrics))
     killed_at = time.time()
     victim.send_signal(signal.SIGKILL)
+    back_at = training_again(s, reached)
     assert s.wait() == ExitCode.OK, s.log_tail()
+    ended_at = time.time()
     events = s.events()
     exits = [e for e in events if e["event"] == "rank_exited"]
     # the victim first, killed without a word; its peer's exit follows as a victim of it
@@ -38,11 +43,35 @@ def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, superv
     assert any(e["event"] == "restarted" for e in events)
     assert_identical_to_reference(reference_run, s)
     assert_no_straggler(s)
-    # the story as a picture: the loss by step with the failure marked where it happened
+    # the account of the run's time against the clock this test kept outside it: within 2% of the wall time
+    acct = account(_timeline(s.run_dir, s.ckpt)[0])
+    wall = ended_at - s.started_at
+    [crash] = acct.interruptions
+    print(f"account {acct.wall_s:.3f} s, clock {wall:.3f} s; failure {crash.time - killed_at:+.3f} s after the kill; "
+          f"back {crash.time + crash.down_s - back_at:+.3f} s from the first step seen again")  # fmt: skip
+    assert abs(acct.wall_s - wall) <= 0.02 * wall, (acct.wall_s, wall)
+    assert abs(crash.time - killed_at) <= 0.02 * wall, (crash.time, killed_at)
+    assert abs(crash.time + crash.down_s - back_at) <= 0.02 * wall, (crash.time + crash.down_s, back_at, crash.seconds)
+    assert crash.steps_recomputed == reached - crash.resumed_from or crash.steps_recomputed == reached + 1 - crash.resumed_from
+    assert acct.totals()["checkpoint"] > 0  # every commit says how long its save blocked the training
+    # the story as a picture: progress on a wall clock with the failure's cost shaded, the loss below
     pytest.importorskip("matplotlib")
     drawn = ckpt_json("history", s.run_dir, "--plot", s.root / "story.png", "--metrics", s.metrics, "--json", timeout=120)
     assert drawn["plot"] == str(s.root / "story.png")
     assert (s.root / "story.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def training_again(s, reached: int, timeout: float = 120) -> float:
+    """When rank 0 logs a step it had already trained (the first step after the restart's load),
+    polled every 10 ms from outside."""
+    seen = len(read_metrics(s.metrics))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = read_metrics(s.metrics)
+        if len(rows) > seen and any(m.step <= reached for m in rows[seen:]):
+            return time.time()
+        time.sleep(0.01)
+    raise AssertionError(f"no step after the restart within {timeout} s: {s.log_tail()}")
 
 
 def test_sigstop_hang_is_detected_within_10s_and_recovered(reference_run, supervised):

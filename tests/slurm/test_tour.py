@@ -25,6 +25,9 @@ def test_the_tour_tells_the_whole_story_in_under_five_minutes(slurm, tmp_path):
         assert act in told, told[-3000:]
     assert "quarantined" in told and "left_behind" in told.replace("nodes_left_behind", "left_behind") and "bit for bit" in told
     assert "finished on 2 nodes" in told and "global batch 12" in told
+    # the account: the preemption, n3's two crashes; the steps redone after each; the ETTR
+    assert "where the time went: 3 interruptions, " in told and "ETTR " in told and "of the node-hours" in told, told[-3000:]
+    assert "1. preemption (USR1)" in told and "quarantined; rolled back to step 10" in told and "n3 left behind (shrink)" in told
     picture = tmp_path / "tour" / "story.png"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(picture) in told
     print(f"the tour took {elapsed:.0f} s")
