@@ -415,14 +415,24 @@ class _Builder:
                 self.interruptions[target] = replace(i, then=(*i.then, text))
 
 
-def _pace(timeline: Sequence[Mapping[str, Any]]) -> float | None:
-    """Seconds per step of the run: the median over consecutive commits of one run."""
-    pts = sorted(
+def _commits(timeline: Sequence[Mapping[str, Any]]) -> list[tuple[float, int, Any]]:
+    """(when its step ended, step, run id) of each commit, oldest first."""
+    return sorted(
         (float(e["created_at"]), s, e.get("run_id"))
         for e in timeline
         if e.get("event") == "commit" and isinstance(e.get("created_at"), (int, float)) and (s := _int(e.get("step"))) is not None
     )
-    rates = [(t1 - t0) / (s1 - s0) for (t0, s0, r0), (t1, s1, r1) in zip(pts, pts[1:], strict=False) if s1 > s0 and r0 == r1]
+
+
+def _gaps(timeline: Sequence[Mapping[str, Any]]) -> list[tuple[float, int]]:
+    """(seconds, steps) between consecutive commits of one run, where the step grew."""
+    pts = _commits(timeline)
+    return [(t1 - t0, s1 - s0) for (t0, s0, r0), (t1, s1, r1) in zip(pts, pts[1:], strict=False) if s1 > s0 and r0 == r1]
+
+
+def _pace(timeline: Sequence[Mapping[str, Any]]) -> float | None:
+    """Seconds per step of the run: the median over consecutive commits of one run."""
+    rates = [seconds / steps for seconds, steps in _gaps(timeline)]
     return statistics.median(rates) if rates else None
 
 
@@ -524,7 +534,8 @@ def account(timeline: Sequence[Mapping[str, Any]], now: float | None = None) -> 
             b.state = "checkpoint"
             continue
         if name in ("stopped_for_requeue", "round_ended") and once("stopped", e):
-            b.reached(_int(e.get("step")))
+            step = _int(e.get("step"))
+            b.reached(step)
             if final is not None:  # a cancelled job's stop: its end
                 b.close(t)
                 b.state, off_since = None, t
@@ -554,9 +565,8 @@ def account(timeline: Sequence[Mapping[str, Any]], now: float | None = None) -> 
             b.close(t)
             b.state = "queue"
             continue
-        if name in PLAIN_FINAL and not chain:  # each node's ckpt run says it ended: the last one ends the run
-            if b.state is not None:
-                b.close(t)
+        if name in PLAIN_FINAL and not chain:  # each node's ckpt run says it ended: the first ends the run (the rest follow at once)
+            b.close(t)
             b.state, final, off_since = None, str(name), t
             continue
         if name == "finished" and once("finished", e) and b.state == "training":
@@ -579,18 +589,9 @@ def account(timeline: Sequence[Mapping[str, Any]], now: float | None = None) -> 
             b.state, final, off_since = None, str(name), t
             continue
     end = off_since if b.state is None and off_since is not None else max(float(now) if now is not None else 0.0, float(events[-1]["time"]))
-    if b.state is not None:
-        b.close(end)
-    if b.points and (not b.progress or b.progress[-1] != tuple(sorted(b.points))) and b.state == "training":
-        b.progress.append(tuple(sorted(b.points)))
+    b.close(end)  # a running job: up to now
     full, spans, lanes = nodes.weigh(b.spans, end)
-    commits = tuple(
-        sorted(
-            (float(e["created_at"]), s)
-            for e in events
-            if e.get("event") == "commit" and isinstance(e.get("created_at"), (int, float)) and (s := _int(e.get("step"))) is not None
-        )
-    )
+    commits = tuple((t, s) for t, s, _ in _commits(events))
     interruptions = tuple(_costs(i, spans) for i in b.interruptions)
     return Account(
         start=start,
@@ -718,12 +719,7 @@ def run_model(acct: Account, timeline: Sequence[Mapping[str, Any]]) -> RunModel:
 
     blocked = [float(e["blocked_s"]) for e in timeline if e.get("event") == "commit" and isinstance(e.get("blocked_s"), (int, float))]
     checkpoint_s = statistics.median(blocked) if blocked else None
-    pace = sorted(
-        (float(e["created_at"]), s, e.get("run_id"))
-        for e in timeline
-        if e.get("event") == "commit" and isinstance(e.get("created_at"), (int, float)) and (s := _int(e.get("step"))) is not None
-    )
-    gaps = [t1 - t0 for (t0, s0, r0), (t1, s1, r1) in zip(pace, pace[1:], strict=False) if s1 > s0 and r0 == r1]
+    gaps = [seconds for seconds, _ in _gaps(timeline)]
     interval_s = max(0.0, statistics.median(gaps) - (checkpoint_s or 0.0)) if gaps else None
     failures = [i for i in acct.interruptions if i.kind != "cancelled"]
     mtbf_s = acct.wall_s / len(failures) if failures else None
