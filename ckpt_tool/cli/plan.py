@@ -156,9 +156,10 @@ def plan(
         _compare_run(run_dir, as_json)
         return
     if ckpt_seconds is None and interval_given:
+        alone = f"; or `ckpt plan --run-dir {run_dir}` alone: the run beside the model" if run_dir is not None else ""
         raise CkptError(
             f"missing option --ckpt-seconds (with {', '.join(interval_given)}): an interval needs the seconds one checkpoint costs",
-            "e.g. ckpt plan --ckpt-seconds 90 --gpus 512 --gpu-mtbf-hours 50000",
+            "e.g. ckpt plan --ckpt-seconds 90 --gpus 512 --gpu-mtbf-hours 50000" + alone,
             ExitCode.USAGE,
         )
     if ckpt_seconds is None:

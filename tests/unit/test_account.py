@@ -281,5 +281,9 @@ def test_plan_run_dir_compares_the_run_with_the_model(tmp_path):
     assert "save cost not recorded" in shown.stdout  # recorded before commits carried blocked_s: said, not guessed
     empty = tmp_path / "empty"
     (empty / "run").mkdir(parents=True)
+    mixed = ckpt_cli("plan", "--run-dir", ckpt, "--restart-seconds", "5", cwd=tmp_path)
+    assert (
+        mixed.returncode == 2 and "missing option --ckpt-seconds" in mixed.stderr and f"ckpt plan --run-dir {ckpt}` alone" in mixed.stderr
+    )
     refused = ckpt_cli("plan", "--run-dir", empty, cwd=tmp_path)
     assert refused.returncode == 3 and "holds no run to compare" in refused.stderr and "ckpt plan --ckpt-seconds" in refused.stderr
