@@ -4,6 +4,7 @@ budget for 2 cores; the tour itself exits 1 past it)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -26,8 +27,12 @@ def test_the_tour_tells_the_whole_story_in_under_five_minutes(slurm, tmp_path):
     assert "quarantined" in told and "left_behind" in told.replace("nodes_left_behind", "left_behind") and "bit for bit" in told
     assert "finished on 2 nodes" in told and "global batch 12" in told
     # the account: the preemption, n3's two crashes; the steps redone after each; the ETTR
-    assert "where the time went: 3 interruptions, " in told and "ETTR " in told and "of the node-hours" in told, told[-3000:]
-    assert "1. preemption (USR1)" in told and "quarantined; rolled back to step 10" in told and "n3 left behind (shrink)" in told
+    flat = " ".join(told.split())  # the narration wraps at the terminal's width (80 columns in a pipe)
+    assert "where the time went: 3 interruptions, " in flat and "ETTR " in flat and "of the node-hours" in flat, told[-3000:]
+    # the step of the preemption's checkpoint (and so of the rollback) depends on when USR1 lands
+    assert (
+        "1. preemption (USR1)" in flat and re.search(r"quarantined; rolled back to step \d+", flat) and "n3 left behind (shrink)" in flat
+    ), told[-3000:]
     picture = tmp_path / "tour" / "story.png"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(picture) in told
     print(f"the tour took {elapsed:.0f} s")
