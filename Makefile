@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test tour test-fast lint bench bench-quick bench-long gpu-check slurm-up slurm-down clean
+.PHONY: demo test tour test-fast lint bench bench-quick bench-long bench-peers gpu-check slurm-up slurm-down clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,6 +50,12 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	@bash .ci/strace-up-if-possible
 	$(PY) bench/run_all.py --quick --output $(VENV)/bench-quick.md
+
+## make bench-peers: the same training and faults under ckpt-tool, plain torchrun, NVIDIA's resiliency extension and torchft
+## (each peer pinned in its own venv under bench/peers/.venvs, installed first; ~25 min; not part of test or bench).
+bench-peers: $(STAMP)
+	bash bench/peers/install.sh
+	$(PY) bench/peers/run_peers.py --trials 5 --json $(VENV)/bench-peers.json
 
 ## make bench-long: the 200-trial power-cut campaign and the goodput simulation (about 45 min).
 bench-long: $(STAMP)

@@ -1,0 +1,375 @@
+"""The peers benchmark (``make bench-peers``): the same training (``workload``) under each framework,
+the same faults injected from outside the processes, all frameworks interleaved in one run.
+
+Frameworks (``FRAMEWORKS``): ``ours`` (``ckpt run`` and ``ours_train.py``), ``plain`` (``torchrun
+--max-restarts`` and DCP checkpoints, ``plain_train.py``), ``nvrx`` (nvidia-resiliency-ext's
+``ft_launcher`` with its heartbeat client, ``nvrx_train.py``, from the venv ``install.sh`` makes).
+A framework whose venv is missing is reported as not run, with the reason.
+
+Each trial launches the training in a directory and a session of its own (2 ranks, gloo, CPU,
+``OMP_NUM_THREADS=1``), waits until rank 0 logged step ``FAULT_AT`` (two checkpoints made), then:
+
+- crash: SIGKILL of rank 1 (its pid from its step log);
+- hang: SIGSTOP of rank 1.
+
+Measured from outside (the step logs, ``workload.StepLog``, and the processes): *detection* = the
+fault to the moment rank 0's process is gone (the framework tore the group down); *back* = the
+fault to the first step rank 0's new process trained; *steps lost* = the newest step trained
+before the fault less the step before the first one trained again. A trial is cut at ``CAP_S``
+seconds: "not detected" / "not back". Then the whole session is killed.
+
+Steady state, one run per framework per round without faults (``STEADY_STEPS`` steps): the median
+interval between rank 0's steps that make no checkpoint (the framework's per-step cost, against
+``plain``'s) and the median excess of a checkpoint step's interval over it (the time a checkpoint
+blocks training).
+
+Medians over ``--trials`` rounds (>= 5 for the table), min-max beside; each round runs every
+framework once per fault kind, in a shuffled order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+OURS_PY = REPO / ".venv" / "bin" / "python"
+VENVS = Path(os.environ.get("PEERS_VENVS", HERE / ".venvs"))
+FAULT_AT, STEPS, STEADY_STEPS, CAP_S = 25, 60, 80, 45.0
+SAVE_EVERY = 10
+
+
+@dataclass
+class Launch:
+    """How to start one framework's training: the command for (ckpt dir, steps dir, steps), its
+    environment additions, and why it cannot run here (None: it can)."""
+
+    name: str
+    command: Callable[[Path, Path, int], list[str]]
+    missing: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    checkpoints: bool = True  # torchft heals from a live peer instead
+    tears_down: bool = True  # torchft's survivors go on in a smaller quorum: "torn down" does not apply
+
+
+def _python(venv: str) -> Path:
+    return VENVS / venv / "bin" / "python"
+
+
+def frameworks() -> list[Launch]:
+    """Every framework, with the reason it cannot run when its venv is missing."""
+    nvrx_py, torchft_py = _python("nvrx"), _python("torchft")
+    return [
+        Launch(
+            "ours",
+            lambda c, s, n: [
+                str(OURS_PY),
+                "-m",
+                "ckpt_tool.cli.main",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--ckpt-dir",
+                str(c),
+                "--",
+                str(HERE / "ours_train.py"),
+                str(c),
+                str(s),
+                str(n),
+            ],  # fmt: skip
+        ),
+        Launch(
+            "plain",
+            lambda c, s, n: [
+                str(OURS_PY),
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "3",
+                str(HERE / "plain_train.py"),
+                str(c),
+                str(s),
+                str(n),
+            ],  # fmt: skip
+        ),
+        Launch(
+            "nvrx",
+            lambda c, s, n: [
+                str(nvrx_py),
+                "-m",
+                "nvidia_resiliency_ext.fault_tolerance.launcher",
+                *NVRX_OPTIONS,
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "3",
+                str(HERE / "nvrx_train.py"),
+                str(c),
+                str(s),
+                str(n),
+            ],  # fmt: skip
+            None if nvrx_py.exists() else f"no venv at {nvrx_py.parent.parent}: run bash bench/peers/install.sh",
+        ),
+        Launch(
+            "torchft",
+            lambda c, s, n: [str(torchft_py), str(HERE / "torchft_launch.py"), str(c), str(s), str(n)],
+            None if torchft_py.exists() else f"no venv at {torchft_py.parent.parent}: run bash bench/peers/install.sh",
+            checkpoints=False,
+            tears_down=False,
+        ),
+    ]
+
+
+# ft_launcher's timeouts, tuned as a careful user would for a 0.05 s step (its defaults, 2700 s and
+# 3600 s, are for jobs whose first step takes minutes): the first heartbeat within 60 s of the start
+# (torch import, rendezvous), then at most 5 s between two (ckpt run's step timeout here is 5 s too);
+# checked every second; the NIC monitor off (no InfiniBand on this machine: it prints tracebacks).
+NVRX_OPTIONS = ("--ft-initial-rank-heartbeat-timeout", "60", "--ft-rank-heartbeat-timeout", "5",
+                "--ft-workload-check-interval", "1", "--ft-enable-nic-monitor", "false")  # fmt: skip
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    """The step log's lines (a torn last line skipped)."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def wait_until(done: Callable[[], Any], timeout: float, poll: float = 0.005) -> Any:
+    """``done()``'s first truthy value, polled; None after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = done()
+        if value:
+            return value
+        time.sleep(poll)
+    return None
+
+
+def start(fw: Launch, work: Path, steps: int) -> subprocess.Popen:
+    """Launch ``fw``'s training in ``work`` (its own session, output to ``work/log.txt``)."""
+    work.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **fw.env}
+    log = open(work / "log.txt", "wb")
+    return subprocess.Popen(
+        fw.command(work / "ckpt", work / "steps", steps), stdout=log, stderr=subprocess.STDOUT, cwd=work, env=env, start_new_session=True
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kill the trial's whole session (a frozen rank included)."""
+    try:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+        pass
+    proc.wait()
+
+
+def fault_trial(fw: Launch, kind: str, work: Path) -> dict[str, Any]:
+    """One fault of ``kind`` (crash, hang) injected into ``fw``'s training; what was measured."""
+    proc = start(fw, work, STEPS)
+    steps0, steps1 = work / "steps" / "rank_0.jsonl", work / "steps" / "rank_1.jsonl"
+    try:
+        if not wait_until(lambda: any(r["step"] >= FAULT_AT for r in read_steps(steps0)), 180, 0.02):
+            return {"error": f"never reached step {FAULT_AT}: {(work / 'log.txt').read_text(errors='replace')[-600:]}"}
+        time.sleep(random.uniform(0, 0.05))
+        before0, before1 = read_steps(steps0), read_steps(steps1)
+        victim, survivor = before1[-1]["pid"], before0[-1]["pid"]
+        reached = max(r["step"] for r in before0)
+        t_fault = time.time()
+        os.kill(victim, signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
+        gone = wait_until(lambda: not psutil.pid_exists(survivor) or psutil.Process(survivor).status() == psutil.STATUS_ZOMBIE, CAP_S)
+        t_gone = time.time() if gone else None
+        back = wait_until(lambda: going_again(read_steps(steps0), len(before0), survivor), max(0.0, CAP_S - (time.time() - t_fault)))
+        rejoined = wait_until(
+            lambda: next((r for r in read_steps(steps1)[len(before1) :] if r["pid"] != victim), None),
+            max(0.0, CAP_S - (time.time() - t_fault)),
+        )
+        return {
+            "detection_s": None if t_gone is None else t_gone - t_fault,
+            "back_s": None if back is None else back["time"] - t_fault,
+            "group_back_s": None if rejoined is None else rejoined["time"] - t_fault,
+            "steps_lost": None if back is None else max(0, reached - (back["step"] - 1)),
+        }
+    finally:
+        stop(proc)
+
+
+FAULT_KEYS = ("detection_s", "back_s", "group_back_s", "steps_lost")
+STALL_S = 1.0  # a survivor's pause longer than this between two steps: it waited for the others
+
+
+def going_again(rows: list[dict[str, Any]], seen: int, survivor: int) -> dict[str, Any] | None:
+    """Rank 0's first step after the fault that shows training going on again: one by a new process
+    (the group was restarted), or the survivor's first step after a stall (torchft's smaller quorum);
+    the survivor's step in flight at the fault is neither."""
+    for i in range(max(seen, 1), len(rows)):
+        r = rows[i]
+        if r["pid"] != survivor or r["time"] - rows[i - 1]["time"] > STALL_S:
+            return r
+    return None
+
+
+def steady_trial(fw: Launch, work: Path) -> dict[str, Any]:
+    """One run without faults: the median step interval off checkpoints, a checkpoint's excess over it."""
+    proc = start(fw, work, STEADY_STEPS)
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        return {"error": "did not finish in 300 s"}
+    rows = read_steps(work / "steps" / "rank_0.jsonl")
+    gaps = {b["step"]: b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False) if b["step"] == a["step"] + 1}
+    # the save of step k is made before step k is logged (the gap ending at k); an async save's copy
+    # overlaps step k+1 (the gap ending at k+1): a checkpoint's cost is both gaps' excess
+    plain = [g for s, g in gaps.items() if s > 10 and s % SAVE_EVERY not in (0, 1)]
+    saving = [gaps[k] + gaps[k + 1] for k in gaps if k > 10 and k % SAVE_EVERY == 0 and k + 1 in gaps]
+    if not plain or not saving:
+        return {"error": f"too few steps logged ({len(rows)})"}
+    step_s = statistics.median(plain)
+    if not fw.checkpoints:
+        return {"step_s": step_s, "blocked_s": None}
+    return {"step_s": step_s, "blocked_s": statistics.median(saving) - 2 * step_s}
+
+
+def summary(values: list[float | None]) -> dict[str, Any]:
+    """Median, min, max of the trials that measured something; how many did not."""
+    got = [v for v in values if v is not None]
+    return {
+        "median": statistics.median(got) if got else None,
+        "min": min(got) if got else None,
+        "max": max(got) if got else None,
+        "n": len(got),
+        "missed": len(values) - len(got),
+    }
+
+
+ROWS = (
+    ("crash -> next step trained (s)", "crash_back_s"),
+    ("crash -> the group torn down (s)", "crash_detection_s"),
+    ("crash -> the failed group trains again (s)", "crash_group_back_s"),
+    ("crash: steps lost", "crash_steps_lost"),
+    ("hang -> next step trained (s)", "hang_back_s"),
+    ("hang -> the group torn down: detection (s)", "hang_detection_s"),
+    ("hang -> the failed group trains again (s)", "hang_group_back_s"),
+    ("hang: steps lost", "hang_steps_lost"),
+    ("step time, no fault (s)", "steady_step_s"),
+    ("blocked per checkpoint (s)", "steady_blocked_s"),
+)
+
+
+NOT_TORN_DOWN = {"torchft"}  # frameworks whose survivors are not torn down by design (Launch.tears_down)
+NO_CHECKPOINTS = {"torchft"}  # frameworks that keep no checkpoint (Launch.checkpoints)
+
+
+def not_applicable(name: str, key: str) -> str | None:
+    """Why a figure does not apply to a framework (None: it does)."""
+    if name in NOT_TORN_DOWN and key.endswith("detection_s"):
+        return "n/a: survivors go on"
+    if name in NO_CHECKPOINTS and key == "steady_blocked_s":
+        return "n/a: no checkpoints"
+    return None
+
+
+def cell(x: dict[str, Any]) -> str:
+    """``median (min-max, n)``; ``never (n of n)`` when no trial got there within the cap."""
+    if x["median"] is None:
+        return f"never in {CAP_S:.0f} s ({x['missed']} of {x['missed']})" if x["missed"] else "-"
+    fmt = (lambda v: f"{v:.0f}") if abs(x["median"]) >= 10 or float(x["median"]).is_integer() else (lambda v: f"{v:.3g}")
+    missed = f", {x['missed']} never" if x["missed"] else ""
+    return f"{fmt(x['median'])} ({fmt(x['min'])}-{fmt(x['max'])}, n={x['n']}{missed})"
+
+
+def ratio(ours: dict[str, Any], peer: dict[str, Any]) -> str:
+    """ours / peer of the medians (``-`` where either is missing or zero)."""
+    if ours["median"] is None or peer["median"] is None or not peer["median"]:
+        return "-"
+    return f"{ours['median'] / peer['median']:.2f}"
+
+
+def summarize(trials: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each framework's figures over its trials (``summary`` of each)."""
+    keys = {"crash": FAULT_KEYS, "hang": FAULT_KEYS, "steady": ("step_s", "blocked_s")}
+    return {
+        name: {f"{kind}_{key}": summary([t.get(key) for t in kinds.get(kind, [])]) for kind in keys for key in keys[kind]}
+        for name, kinds in trials.items()
+    }
+
+
+def render(summary: dict[str, dict[str, dict[str, Any]]], missing: dict[str, str]) -> str:
+    """The markdown table: a row per figure, a column per framework, and ours/peer ratios."""
+    names = list(summary)
+    peers = [n for n in names if n != "ours"]
+    head = ["figure", *names, *(f"ours/{p}" for p in peers if "ours" in summary)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, key in ROWS:
+        cells = [not_applicable(n, key) or cell(summary[n][key]) for n in names]
+        ratios = (
+            [("-" if not_applicable(p, key) else ratio(summary["ours"][key], summary[p][key])) for p in peers] if "ours" in summary else []
+        )
+        lines.append("| " + " | ".join([label, *cells, *ratios]) + " |")
+    for name, why in missing.items():
+        lines.append(f"\n{name}: not run: {why}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--only", nargs="*", help="framework names (default: all)")
+    parser.add_argument("--kinds", nargs="*", default=["crash", "hang", "steady"], help="crash, hang, steady (default: all)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/ckpt-peers"))
+    parser.add_argument("--json", type=Path, help="write the raw trials and the summary here")
+    parser.add_argument("--render", type=Path, help="only print the table of a --json file written before")
+    args = parser.parse_args()
+    if args.render:
+        done = json.loads(args.render.read_text())
+        print(render(summarize(done["trials"]), done["missing"]))
+        return 0
+    import shutil
+
+    shutil.rmtree(args.work, ignore_errors=True)
+    fws = [f for f in frameworks() if not args.only or f.name in args.only]
+    runnable = [f for f in fws if f.missing is None]
+    trials: dict[str, dict[str, list[dict[str, Any]]]] = {f.name: {"crash": [], "hang": [], "steady": []} for f in runnable}
+    for n in range(args.trials):
+        for kind in args.kinds:
+            order = random.sample(runnable, len(runnable))
+            for fw in order:
+                work = args.work / f"{fw.name}-{kind}-{n}"
+                got = steady_trial(fw, work) if kind == "steady" else fault_trial(fw, kind, work)
+                print(json.dumps({"framework": fw.name, "kind": kind, "trial": n, **got}), flush=True)
+                trials[fw.name][kind].append(got)
+    result: dict[str, Any] = {"trials": trials, "missing": {f.name: f.missing for f in fws if f.missing}, "summary": {}}
+    result["summary"] = summarize(trials)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    print(render(result["summary"], result["missing"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
