@@ -87,7 +87,8 @@ def template_names(text: str, where: str) -> list[tuple[str, str, str]]:
 
 def every_name_written() -> list[tuple[str, str, str]]:
     found = []
-    for path in sorted([*(ROOT / "ckpt_tool").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
+    ours = [*(ROOT / "ckpt_tool").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    for path in sorted(p for p in ours if ".venvs" not in p.parts):  # not the peers' venvs (make bench-peers)
         found += written_names(path.read_text(), str(path.relative_to(ROOT)))
     for path in sorted((ROOT / "slurm_templates").glob("*")):
         found += template_names(path.read_text(), str(path.relative_to(ROOT)))
