@@ -250,7 +250,8 @@ def _compare_run(target: Path, as_json: bool) -> None:
     interval, checkpoint cost, MTBF and restart time, the cost that dominates and what would move it."""
     from ckpt_tool.cli.runs import _timeline
     from ckpt_tool.cli.targets import locate
-    from ckpt_tool.core.account import WORDS, account, duration, run_model
+    from ckpt_tool.core.account import WORDS, account, duration
+    from ckpt_tool.core.run_model import run_model
 
     run_dir, ckpt_dir = locate(target, "--run-dir", job_id_too=False)
     timeline, _ = _timeline(run_dir, ckpt_dir)

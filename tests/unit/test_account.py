@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_tool.core.account import KINDS, Account, account, run_model
+from ckpt_tool.core.account import KINDS, Account, account
+from ckpt_tool.core.run_model import run_model
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SCENARIOS = ("crash", "hang", "scancel", "replacement", "hang_slurm", "anomaly", "tour")
