@@ -248,13 +248,13 @@ def plan(
 def _compare_run(target: Path, as_json: bool) -> None:
     """``ckpt plan --run-dir`` alone: the run's measured ETTR beside what the model predicts for its
     interval, checkpoint cost, MTBF and restart time, the cost that dominates and what would move it."""
-    from ckpt_tool.cli.runs import _timeline
+    from ckpt_tool.cli.runs import read_timeline
     from ckpt_tool.cli.targets import locate
     from ckpt_tool.core.account import WORDS, account, duration
     from ckpt_tool.core.run_model import run_model
 
     run_dir, ckpt_dir = locate(target, "--run-dir", job_id_too=False)
-    timeline, _ = _timeline(run_dir, ckpt_dir)
+    _, timeline, _ = read_timeline(run_dir, ckpt_dir)
     acct = account(timeline)
     if acct is None or acct.wall_s <= 0:
         raise CkptError(

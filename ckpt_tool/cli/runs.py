@@ -49,9 +49,10 @@ def _job_or_dir(target: str) -> tuple[Path, Path | None, str | None, list[str]]:
     return found.run_dir, found.ckpt_dir, target, [f"job {target}'s run directory {found.run_dir} (from {found.found_in})"]
 
 
-def _timeline(run_dir: Path, ckpt_dir: Path | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """The run's events and its checkpoint index's, merged oldest first (``source`` says which), and
-    notes on lines that could not be read."""
+def read_timeline(run_dir: Path, ckpt_dir: Path | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """(the run's own events as read, the run's events and its checkpoint index's merged oldest
+    first with ``source`` saying which, notes on lines that could not be read): one read of each log
+    for ``ckpt status``, ``ckpt history`` and ``ckpt plan --run-dir``."""
     from ckpt_tool.store.store import CheckpointStore
     from ckpt_tool.supervise.run_dir import load_events
 
@@ -63,7 +64,7 @@ def _timeline(run_dir: Path, ckpt_dir: Path | None) -> tuple[list[dict[str, Any]
         timeline += [{"source": "checkpoints", "time": e.time, "event": e.event, **e.data} for e in log.events]
         notes += [n for n in [log.skipped_note(str(ckpt_dir / "index.jsonl"))] if n]
     timeline.sort(key=lambda e: e["time"])
-    return timeline, notes
+    return records, timeline, notes
 
 
 LIVE_STATES = frozenset({"RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"})
@@ -111,14 +112,10 @@ def status(
     from ckpt_tool.core.history import last_anomaly
     from ckpt_tool.slurm.commands import job_state
     from ckpt_tool.store.store import CheckpointStore
-    from ckpt_tool.supervise.run_dir import load_events
 
     report: dict[str, Any] = {}
     run_dir, ckpt_dir, job_id, found = _job_or_dir(target)
-    events, skipped = load_events(run_dir)
-    notes = [n for n in [_skipped_note(run_dir, skipped)] if n]
-    timeline, timeline_notes = _timeline(run_dir, ckpt_dir)
-    notes += [n for n in timeline_notes if n not in notes]
+    events, timeline, notes = read_timeline(run_dir, ckpt_dir)
     if job_id is None:
         ids = [e.get("job_id") for e in events if e.get("job_id")]
         job_id = str(ids[-1]) if ids else None
@@ -303,7 +300,7 @@ def history(
         check_target(plot)  # a directory, a missing parent, a suffix that names no format: before any work
 
     run_dir, ckpt_dir, _, found = _job_or_dir(target)
-    timeline, read_notes = _timeline(run_dir, ckpt_dir)
+    _, timeline, read_notes = read_timeline(run_dir, ckpt_dir)
     notes = found + read_notes
     if not timeline:
         raise CkptError(f"no events found for {target}", "pass the --ckpt-dir of the run (or its run/ directory)", ExitCode.NOT_FOUND)

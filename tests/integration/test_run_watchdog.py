@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ckpt_tool.cli.runs import _timeline
+from ckpt_tool.cli.runs import read_timeline
 from ckpt_tool.core.account import account
 from ckpt_tool.errors import ExitCode
 from ckpt_tool.recipes.launch import read_metrics
@@ -44,7 +44,7 @@ def test_sigkill_of_a_rank_is_detected_restarted_and_exact(reference_run, superv
     assert_identical_to_reference(reference_run, s)
     assert_no_straggler(s)
     # the account of the run's time against the clock this test kept outside it: within 2% of the wall time
-    acct = account(_timeline(s.run_dir, s.ckpt)[0])
+    acct = account(read_timeline(s.run_dir, s.ckpt)[1])
     wall = ended_at - s.started_at
     [crash] = acct.interruptions
     print(f"account {acct.wall_s:.3f} s, clock {wall:.3f} s; failure {crash.time - killed_at:+.3f} s after the kill; "
