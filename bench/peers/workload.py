@@ -125,6 +125,31 @@ def dcp_resume(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt_dir: Pat
     return step
 
 
+def dcp_training(args: Args, after_step: Any = None) -> None:
+    """The plain-DCP training of ``plain_train.py`` and ``nvrx_train.py``: gloo (its default 30-minute
+    collective timeout), DDP, resume from ``LATEST``, a DCP save every ``SAVE_EVERY`` steps;
+    ``after_step()`` once a step is trained and saved (NVRx's heartbeat)."""
+    from datetime import timedelta
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", timeout=timedelta(minutes=30))
+    rank, _ = rank_world()
+    model = DistributedDataParallel(build())
+    opt = optimizer(model)
+    args.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    start = dcp_resume(model, opt, args.ckpt_dir)
+    log = StepLog(args.steps_dir, rank)
+    for step in range(start + 1, args.steps + 1):
+        loss = train_step(model, opt, step, rank)
+        if step % SAVE_EVERY == 0:
+            dcp_save(model, opt, args.ckpt_dir, step)
+        if after_step is not None:
+            after_step()
+        log.step(step, loss)
+    dist.destroy_process_group()
+
+
 def dcp_save(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt_dir: Path, step: int) -> None:
     """Save ``step`` (torch DCP, every rank), then rank 0 points ``LATEST`` at it."""
     import torch.distributed.checkpoint as dcp

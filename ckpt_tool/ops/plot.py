@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -260,8 +261,6 @@ def _story_figure(plt: Any, story: Story, acct: Account, title: str) -> Any:
         lines.append(text)
     if len(acct.interruptions) > MAX_LISTED:
         lines.append(f"... and {len(acct.interruptions) - MAX_LISTED} more (ckpt history)")
-    import textwrap
-
     wrapped = [w for line in lines for w in (textwrap.wrap(line, 46, subsequent_indent="    ") or [""])]
     if len(wrapped) > MAX_LINES:
         wrapped = [*wrapped[: MAX_LINES - 1], "... (ckpt history lists them all)"]
