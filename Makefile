@@ -51,10 +51,12 @@ bench-quick: $(STAMP)
 	@bash .ci/strace-up-if-possible
 	$(PY) bench/run_all.py --quick --output $(VENV)/bench-quick.md
 
-## make bench-peers: the same training and faults under ckpt-tool, plain torchrun, NVIDIA's resiliency extension and torchft
-## (each peer pinned in its own venv under bench/peers/.venvs, installed first; ~25 min; not part of test or bench).
+## make bench-peers: the same training and faults under ckpt-tool, plain torchrun, NVIDIA's resiliency extension, torchft
+## and Lightning (each peer pinned in its own venv under bench/peers/.venvs, installed first; the USR1 -> requeue trials on
+## the local SLURM cluster, started here; ~35 min; not part of test or bench).
 bench-peers: $(STAMP)
 	bash bench/peers/install.sh
+	@bash .ci/slurm-up-if-possible
 	$(PY) bench/peers/run_peers.py --trials 5 --json $(VENV)/bench-peers.json
 
 ## make bench-long: the 200-trial power-cut campaign and the goodput simulation (about 45 min).

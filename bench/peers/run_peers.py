@@ -1,22 +1,30 @@
 """The peers benchmark (``make bench-peers``): the same training (``workload``) under each framework,
 the same faults injected from outside the processes, all frameworks interleaved in one run.
 
-Frameworks (``FRAMEWORKS``): ``ours`` (``ckpt run`` and ``ours_train.py``), ``plain`` (``torchrun
---max-restarts`` and DCP checkpoints, ``plain_train.py``), ``nvrx`` (nvidia-resiliency-ext's
-``ft_launcher`` with its heartbeat client, ``nvrx_train.py``, from the venv ``install.sh`` makes).
-A framework whose venv is missing is reported as not run, with the reason.
+Frameworks (``frameworks()``): ``ours`` (``ckpt run`` / ``ckpt submit`` and ``ours_train.py``),
+``plain`` (``torchrun --max-restarts`` and DCP checkpoints, ``plain_train.py``), ``nvrx``
+(nvidia-resiliency-ext's ``ft_launcher`` with its heartbeat client, ``nvrx_train.py``), ``torchft``
+(a lighthouse and two replica groups, ``torchft_launch.py``), ``lightning`` (``Trainer`` with
+``SLURMEnvironment(auto_requeue=True)``, ``lightning_train.py`` and ``lightning.sbatch``), each
+peer from the venv ``install.sh`` makes. A framework whose venv is missing is reported as not run,
+with the reason; a figure that does not apply to one says why (``Launch.skips``).
 
-Each trial launches the training in a directory and a session of its own (2 ranks, gloo, CPU,
-``OMP_NUM_THREADS=1``), waits until rank 0 logged step ``FAULT_AT`` (two checkpoints made), then:
+Each fault trial launches the training in a directory and a session of its own (2 ranks, gloo,
+CPU, ``OMP_NUM_THREADS=1``), waits until rank 0 logged step ``FAULT_AT`` (two checkpoints made),
+then:
 
 - crash: SIGKILL of rank 1 (its pid from its step log);
-- hang: SIGSTOP of rank 1.
+- hang: SIGSTOP of rank 1;
+- usr1 (on the local SLURM cluster): the job submitted, then SLURM's time-limit warning sent on
+  demand (``scancel --signal=USR1``, to the batch shell or the steps as the framework is set up
+  for), the requeued job released at once; SLURM's scheduling delay is measured and left out.
 
-Measured from outside (the step logs, ``workload.StepLog``, and the processes): *detection* = the
-fault to the moment rank 0's process is gone (the framework tore the group down); *back* = the
-fault to the first step rank 0's new process trained; *steps lost* = the newest step trained
-before the fault less the step before the first one trained again. A trial is cut at ``CAP_S``
-seconds: "not detected" / "not back". Then the whole session is killed.
+Measured from outside (the step logs, ``workload.StepLog``, the processes, ``squeue``):
+*detection* = the fault to the moment rank 0's process is gone (the framework tore the group
+down); *back* = the fault to the first step rank 0's new process trained; *steps lost* = the
+newest step trained before the fault (before the job stopped, for usr1) less the step before the
+first one trained again. A trial is cut at ``CAP_S`` seconds: "never". Then the whole session
+(the job) is killed.
 
 Steady state, one run per framework per round without faults (``STEADY_STEPS`` steps): the median
 interval between rank 0's steps that make no checkpoint (the framework's per-step cost, against
@@ -50,20 +58,34 @@ REPO = HERE.parent.parent
 OURS_PY = REPO / ".venv" / "bin" / "python"
 VENVS = Path(os.environ.get("PEERS_VENVS", HERE / ".venvs"))
 FAULT_AT, STEPS, STEADY_STEPS, CAP_S = 25, 60, 80, 45.0
+KINDS = ("crash", "hang", "usr1", "steady")
 SAVE_EVERY = 10
 
 
 @dataclass
 class Launch:
     """How to start one framework's training: the command for (ckpt dir, steps dir, steps), its
-    environment additions, and why it cannot run here (None: it can)."""
+    environment additions, and why it cannot run here (None: it can); under SLURM, the command that
+    submits it (its first word out is the job id), whether USR1 goes to the batch shell (else to
+    the job's steps) and when the job is ready for it; ``skips``: a figure (or a whole fault kind)
+    that does not apply to it -> why."""
 
     name: str
     command: Callable[[Path, Path, int], list[str]]
     missing: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    checkpoints: bool = True  # torchft heals from a live peer instead
-    tears_down: bool = True  # torchft's survivors go on in a smaller quorum: "torn down" does not apply
+    skips: dict[str, str] = field(default_factory=dict)
+    submit: Callable[[Path, Path, int], list[str]] | None = None
+    usr1_to_batch: bool = True
+    ready: Callable[[Path, str], bool] = lambda work, job: True
+
+    def runs(self, kind: str) -> bool:
+        """Whether the fault kind (crash, hang, usr1, steady) applies to it."""
+        return kind not in self.skips
+
+    def skip(self, key: str) -> str | None:
+        """Why figure ``key`` (``crash_back_s``...) does not apply (None: it does)."""
+        return next((why for k, why in self.skips.items() if key == k or key.startswith(k + "_")), None)
 
 
 def _python(venv: str) -> Path:
@@ -72,68 +94,86 @@ def _python(venv: str) -> Path:
 
 def frameworks() -> list[Launch]:
     """Every framework, with the reason it cannot run when its venv is missing."""
-    nvrx_py, torchft_py = _python("nvrx"), _python("torchft")
+    nvrx_py, torchft_py, lightning_py = _python("nvrx"), _python("torchft"), _python("lightning")
+    no_venv = {
+        p: f"no venv at {p.parent.parent}: run bash bench/peers/install.sh" for p in (nvrx_py, torchft_py, lightning_py) if not p.exists()
+    }
+    no_requeue = "n/a: no SLURM requeue of its own"
+
+    def train(script: str, c: Path, s: Path, n: int) -> list[str]:
+        return [str(HERE / script), str(c), str(s), str(n)]
+
     return [
         Launch(
             "ours",
             lambda c, s, n: [
                 str(OURS_PY),
-                "-m",
-                "ckpt_tool.cli.main",
-                "run",
-                "--nproc-per-node",
-                "2",
-                "--ckpt-dir",
+                *"-m ckpt_tool.cli.main run --nproc-per-node 2 --ckpt-dir".split(),
                 str(c),
                 "--",
-                str(HERE / "ours_train.py"),
-                str(c),
-                str(s),
-                str(n),
-            ],  # fmt: skip
+                *train("ours_train.py", c, s, n),
+            ],
+            submit=lambda c, s, n: [
+                *[
+                    str(OURS_PY),
+                    *"-m ckpt_tool.cli.main submit --nproc-per-node 2 --time 20:00 --env OMP_NUM_THREADS=1 --ckpt-dir".split(),
+                    str(c),
+                ],
+                *["--", *train("ours_train.py", c, s, n)],
+            ],
+            ready=lambda work, job: "ready: trap installed" in _text(work / "ckpt" / "run" / f"slurm-{job}.out"),
         ),
         Launch(
             "plain",
             lambda c, s, n: [
                 str(OURS_PY),
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                "--max-restarts",
-                "3",
-                str(HERE / "plain_train.py"),
-                str(c),
-                str(s),
-                str(n),
-            ],  # fmt: skip
+                *"-m torch.distributed.run --nproc-per-node 2 --max-restarts 3".split(),
+                *train("plain_train.py", c, s, n),
+            ],
+            skips={"usr1": no_requeue},
         ),
         Launch(
             "nvrx",
             lambda c, s, n: [
-                str(nvrx_py),
-                "-m",
-                "nvidia_resiliency_ext.fault_tolerance.launcher",
-                *NVRX_OPTIONS,
-                "--nproc-per-node",
-                "2",
-                "--max-restarts",
-                "3",
-                str(HERE / "nvrx_train.py"),
-                str(c),
-                str(s),
-                str(n),
-            ],  # fmt: skip
-            None if nvrx_py.exists() else f"no venv at {nvrx_py.parent.parent}: run bash bench/peers/install.sh",
+                *[str(nvrx_py), "-m", "nvidia_resiliency_ext.fault_tolerance.launcher", *NVRX_OPTIONS],
+                *["--nproc-per-node", "2", "--max-restarts", "3", *train("nvrx_train.py", c, s, n)],
+            ],
+            no_venv.get(nvrx_py),
+            skips={"usr1": no_requeue},
         ),
         Launch(
             "torchft",
-            lambda c, s, n: [str(torchft_py), str(HERE / "torchft_launch.py"), str(c), str(s), str(n)],
-            None if torchft_py.exists() else f"no venv at {torchft_py.parent.parent}: run bash bench/peers/install.sh",
-            checkpoints=False,
-            tears_down=False,
+            lambda c, s, n: [str(torchft_py), *train("torchft_launch.py", c, s, n)],
+            no_venv.get(torchft_py),
+            skips={
+                "crash_detection_s": "n/a: survivors go on",
+                "hang_detection_s": "n/a: survivors go on",
+                "steady_blocked_s": "n/a: no checkpoints",
+                "usr1": no_requeue,
+            },
+        ),
+        Launch(
+            "lightning",
+            lambda c, s, n: [str(lightning_py), *train("lightning_train.py", c, s, n)],
+            no_venv.get(lightning_py),
+            skips={"crash": "n/a: restarts nothing (the job ends)", "hang": "n/a: restarts nothing (gloo's 30-min timeout)"},
+            # Lightning's SLURM page: one srun task per rank, SIGUSR1 to the steps (--signal=SIGUSR1@90)
+            submit=lambda c, s, n: [
+                *[
+                    "sbatch",
+                    "--parsable",
+                    f"--output={c.parent}/slurm-%j.out",
+                    f"--export=ALL,LIGHTNING_PY={lightning_py},LIGHTNING_TRAIN={HERE / 'lightning_train.py'}",
+                ],
+                *[str(HERE / "lightning.sbatch"), str(c), str(s), str(n)],
+            ],
+            usr1_to_batch=False,
         ),
     ]
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 # ft_launcher's timeouts, tuned as a careful user would for a 0.05 s step (its defaults, 2700 s and
@@ -250,9 +290,75 @@ def steady_trial(fw: Launch, work: Path) -> dict[str, Any]:
     if not plain or not saving:
         return {"error": f"too few steps logged ({len(rows)})"}
     step_s = statistics.median(plain)
-    if not fw.checkpoints:
+    if fw.skip("steady_blocked_s"):
         return {"step_s": step_s, "blocked_s": None}
     return {"step_s": step_s, "blocked_s": statistics.median(saving) - 2 * step_s}
+
+
+USR1_STEPS = 400  # the job trains on after the resume until the trial cancels it
+
+
+def squeue_state(job: str) -> str:
+    """The job's state in squeue (RUNNING, PENDING, COMPLETING...; "" once it is gone)."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip()
+
+
+def slurm_missing() -> str | None:
+    """Why the USR1 trials cannot run here (None: a SLURM cluster answers)."""
+    try:
+        ok = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return None if ok else "no SLURM cluster answers `sinfo` here: start one with make slurm-up"
+
+
+def usr1_trial(fw: Launch, work: Path) -> dict[str, Any]:
+    """SLURM's time-limit warning: ``fw``'s job submitted, USR1 at step ``FAULT_AT`` (to the batch
+    shell or the steps, as ``fw`` is set up for), the requeued job released at once
+    (``scontrol update StartTime=now+1``: a requeued job otherwise waits ``cred_expire``); the
+    scheduling delay (PENDING -> RUNNING) is measured and left out of *back*."""
+    assert fw.submit is not None
+    work.mkdir(parents=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **fw.env}
+    out = subprocess.run(
+        fw.submit(work / "ckpt", work / "steps", USR1_STEPS), capture_output=True, text=True, cwd=work, env=env, timeout=60
+    )
+    if out.returncode != 0 or not out.stdout.strip():
+        return {"error": f"submit failed ({out.returncode}): {out.stderr[-600:]}"}
+    job = out.stdout.split()[0].split(";")[0]
+    steps0 = work / "steps" / "rank_0.jsonl"
+    try:
+        if not wait_until(lambda: any(r["step"] >= FAULT_AT for r in read_steps(steps0)) and fw.ready(work, job), 180, 0.02):
+            return {"error": f"job {job} never reached step {FAULT_AT} (state {squeue_state(job)!r})"}
+        old = read_steps(steps0)[-1]["pid"]
+        t_fault = time.time()
+        subprocess.run(["scancel", "--signal=USR1", *(["--batch"] if fw.usr1_to_batch else []), job], check=True, timeout=30)
+        if not wait_until(lambda: squeue_state(job) == "PENDING", CAP_S, 0.05):
+            return {"back_s": None, "error": f"job {job} not requeued within {CAP_S:.0f} s (state {squeue_state(job)!r})"}
+        t_pending = time.time()
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+1"], capture_output=True, timeout=30)
+        if not wait_until(lambda: squeue_state(job) not in ("PENDING", ""), 120, 0.05):
+            return {"back_s": None, "error": f"job {job} did not start again (state {squeue_state(job)!r})"}
+        t_running = time.time()
+        back = wait_until(lambda: next((r for r in read_steps(steps0) if r["pid"] != old), None), CAP_S)
+        if back is None:
+            return {"back_s": None, "error": f"job {job} trained no step within {CAP_S:.0f} s of its restart"}
+        reached = max(r["step"] for r in read_steps(steps0) if r["pid"] == old)
+        queue_s = t_running - t_pending
+        return {
+            "back_s": back["time"] - t_fault - queue_s,
+            "stop_s": t_pending - t_fault,
+            "queue_s": queue_s,
+            "start_s": back["time"] - t_running,
+            "steps_lost": max(0, reached - (back["step"] - 1)),
+        }
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        wait_until(lambda: squeue_state(job) == "", 60, 0.2)
+
+
+USR1_KEYS = ("back_s", "stop_s", "queue_s", "start_s", "steps_lost")
 
 
 def summary(values: list[float | None]) -> dict[str, Any]:
@@ -276,22 +382,19 @@ ROWS = (
     ("hang -> the group torn down: detection (s)", "hang_detection_s"),
     ("hang -> the failed group trains again (s)", "hang_group_back_s"),
     ("hang: steps lost", "hang_steps_lost"),
+    ("USR1 -> next step trained after the requeue, scheduling excluded (s)", "usr1_back_s"),
+    ("USR1 -> the job requeued: save, stop, requeue (s)", "usr1_stop_s"),
+    ("the requeued job running -> next step trained (s)", "usr1_start_s"),
+    ("USR1: steps lost", "usr1_steps_lost"),
+    ("SLURM's scheduling delay, left out (s)", "usr1_queue_s"),
     ("step time, no fault (s)", "steady_step_s"),
     ("blocked per checkpoint (s)", "steady_blocked_s"),
 )
 
 
-NOT_TORN_DOWN = {"torchft"}  # frameworks whose survivors are not torn down by design (Launch.tears_down)
-NO_CHECKPOINTS = {"torchft"}  # frameworks that keep no checkpoint (Launch.checkpoints)
-
-
 def not_applicable(name: str, key: str) -> str | None:
     """Why a figure does not apply to a framework (None: it does)."""
-    if name in NOT_TORN_DOWN and key.endswith("detection_s"):
-        return "n/a: survivors go on"
-    if name in NO_CHECKPOINTS and key == "steady_blocked_s":
-        return "n/a: no checkpoints"
-    return None
+    return next((f.skip(key) for f in frameworks() if f.name == name), None)
 
 
 def cell(x: dict[str, Any]) -> str:
@@ -312,7 +415,7 @@ def ratio(ours: dict[str, Any], peer: dict[str, Any]) -> str:
 
 def summarize(trials: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Each framework's figures over its trials (``summary`` of each)."""
-    keys = {"crash": FAULT_KEYS, "hang": FAULT_KEYS, "steady": ("step_s", "blocked_s")}
+    keys = {"crash": FAULT_KEYS, "hang": FAULT_KEYS, "usr1": USR1_KEYS, "steady": ("step_s", "blocked_s")}
     return {
         name: {f"{kind}_{key}": summary([t.get(key) for t in kinds.get(kind, [])]) for kind in keys for key in keys[kind]}
         for name, kinds in trials.items()
@@ -340,7 +443,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--only", nargs="*", help="framework names (default: all)")
-    parser.add_argument("--kinds", nargs="*", default=["crash", "hang", "steady"], help="crash, hang, steady (default: all)")
+    parser.add_argument("--kinds", nargs="*", default=list(KINDS), help=f"{', '.join(KINDS)} (default: all)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/ckpt-peers"))
     parser.add_argument("--json", type=Path, help="write the raw trials and the summary here")
     parser.add_argument("--render", type=Path, help="only print the table of a --json file written before")
@@ -353,17 +456,25 @@ def main() -> int:
 
     shutil.rmtree(args.work, ignore_errors=True)
     fws = [f for f in frameworks() if not args.only or f.name in args.only]
+    missing = {f.name: f.missing for f in fws if f.missing}
+    kinds = list(args.kinds)
+    if "usr1" in kinds and (why := slurm_missing()):
+        print(f"run_peers: the USR1 trials are left out: {why}", file=sys.stderr)
+        kinds.remove("usr1")
+        missing["USR1 -> requeue (every framework)"] = why
     runnable = [f for f in fws if f.missing is None]
-    trials: dict[str, dict[str, list[dict[str, Any]]]] = {f.name: {"crash": [], "hang": [], "steady": []} for f in runnable}
+    trials: dict[str, dict[str, list[dict[str, Any]]]] = {f.name: {k: [] for k in KINDS} for f in runnable}
     for n in range(args.trials):
-        for kind in args.kinds:
-            order = random.sample(runnable, len(runnable))
-            for fw in order:
+        for kind in kinds:
+            takes = [f for f in runnable if f.runs(kind)]
+            for fw in random.sample(takes, len(takes)):
                 work = args.work / f"{fw.name}-{kind}-{n}"
-                got = steady_trial(fw, work) if kind == "steady" else fault_trial(fw, kind, work)
+                got = (
+                    steady_trial(fw, work) if kind == "steady" else usr1_trial(fw, work) if kind == "usr1" else fault_trial(fw, kind, work)
+                )
                 print(json.dumps({"framework": fw.name, "kind": kind, "trial": n, **got}), flush=True)
                 trials[fw.name][kind].append(got)
-    result: dict[str, Any] = {"trials": trials, "missing": {f.name: f.missing for f in fws if f.missing}, "summary": {}}
+    result: dict[str, Any] = {"trials": trials, "missing": missing, "summary": {}}
     result["summary"] = summarize(trials)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

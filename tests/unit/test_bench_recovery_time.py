@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from .bench_scripts import bench_module
 
-def _bench_module(name: str):
-    """A module of bench/ (not a package: its scripts import each other from their own directory)."""
-    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-_model = _bench_module("recovery_time")
+_model = bench_module("recovery_time")
 CHECK, GB, Job, Measured = _model.CHECK, _model.GB, _model.Job, _model.Measured
 check_seconds, dominant, load_seconds, phases = _model.check_seconds, _model.dominant, _model.load_seconds, _model.phases
 

@@ -3,28 +3,13 @@ phase a figure shows names spans that exist, and a name that does not fails befo
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 from ckpt_tool.timing import SPANS
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _bench_module(name: str):
-    """A module of bench/ (its scripts import ``common`` from their own directory)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from .bench_scripts import BENCH, bench_module
 
 
 @pytest.mark.parametrize(
@@ -32,14 +17,14 @@ def _bench_module(name: str):
     [("save_throughput", "PHASES"), ("load_throughput", "PHASES"), ("validate_throughput", "PHASES"), ("reshard_speed", "LOAD_PHASES")],
 )
 def test_every_phase_of_a_figure_is_made_of_spans_that_exist(script, table):
-    phases = getattr(_bench_module(script), table)
+    phases = getattr(bench_module(script), table)
     assert phases and all(names for names in phases.values())
     missing = {label: [n for n in names if n not in SPANS] for label, names in phases.items() if set(names) - set(SPANS)}
     assert not missing, f"bench/{script}.py asks for spans that do not exist: {missing}"
 
 
 def test_a_phase_timer_asking_for_a_span_that_is_gone_fails_at_once():
-    common = _bench_module("common")
+    common = bench_module("common")
     with pytest.raises(ValueError, match=r"no such timing span: save\.dcp_save.*ckpt_tool\.timing\.SPANS"):
         common.PhaseTimer({"dcp_save": ("save.dcp_save",)})
 
