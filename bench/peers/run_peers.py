@@ -98,6 +98,8 @@ def frameworks() -> list[Launch]:
     no_venv = {
         p: f"no venv at {p.parent.parent}: run bash bench/peers/install.sh" for p in (nvrx_py, torchft_py, lightning_py) if not p.exists()
     }
+    if not OURS_PY.exists():
+        no_venv[OURS_PY] = f"no venv at {OURS_PY.parent.parent}: run make bench-peers (it makes the project's venv first)"
     no_requeue = "n/a: no SLURM requeue of its own"
 
     def train(script: str, c: Path, s: Path, n: int) -> list[str]:
@@ -121,6 +123,7 @@ def frameworks() -> list[Launch]:
                 ],
                 *["--", *train("ours_train.py", c, s, n)],
             ],
+            missing=no_venv.get(OURS_PY),
             ready=lambda work, job: "ready: trap installed" in _text(work / "ckpt" / "run" / f"slurm-{job}.out"),
         ),
         Launch(
@@ -130,6 +133,7 @@ def frameworks() -> list[Launch]:
                 *"-m torch.distributed.run --nproc-per-node 2 --max-restarts 3".split(),
                 *train("plain_train.py", c, s, n),
             ],
+            no_venv.get(OURS_PY),
             skips={"usr1": no_requeue},
         ),
         Launch(
@@ -449,6 +453,10 @@ def main() -> int:
     parser.add_argument("--render", type=Path, help="only print the table of a --json file written before")
     args = parser.parse_args()
     if args.render:
+        if not args.render.is_file():
+            parser.error(
+                f"--render {args.render}: no such file (a --json file of an earlier run, e.g. bench/peers/results-2026-12-07.json)"
+            )
         done = json.loads(args.render.read_text())
         print(render(summarize(done["trials"]), done["missing"]))
         return 0
