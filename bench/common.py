@@ -149,6 +149,53 @@ def time_command(cmd: Sequence[str], timeout_s: float = 600, cwd: Path | None = 
     return seconds, proc
 
 
+def poll_until(done: Callable[[], Any], timeout: float, every: float = 0.01) -> Any:
+    """``done()``'s first truthy value, polled every ``every`` seconds; None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = done()
+        if value:
+            return value
+        time.sleep(every)
+    return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's records (a missing file: none; a torn or foreign line skipped)."""
+    out = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+# ----------------------------------------------------------------------------- the local SLURM cluster
+def cluster_answers() -> bool:
+    """Whether a SLURM cluster answers ``sinfo`` here."""
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def squeue_state(job_id: str) -> str:
+    """The job's state in squeue (RUNNING, PENDING, COMPLETING...; "" once it is gone, "?" when squeue does not answer)."""
+    try:
+        return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except subprocess.TimeoutExpired:
+        return "?"
+
+
 # ----------------------------------------------------------------------------- raw I/O references
 def raw_write(path: Path, buffers: Sequence[memoryview]) -> int:
     """Write ``buffers`` sequentially into a new file with ``os.write``, then ``os.fsync``."""

@@ -44,9 +44,7 @@ so the "checkpoint" segment is the absolute reference for the rest.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import statistics
 import subprocess
 import threading
@@ -73,22 +71,13 @@ def sh(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
 
 
-def cluster_answers() -> bool:
-    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
-        return False
-    try:
-        return sh("sinfo", "-h", timeout=20).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
 def cluster_up() -> bool:
     """Start the test cluster unless it answers; returns whether it was already running."""
-    if cluster_answers():
+    if common.cluster_answers():
         return True
     common.log("SLURM does not answer: starting it with .ci/slurm-up")
     proc = subprocess.run(["bash", str(REPO / ".ci" / "slurm-up")], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0 or not cluster_answers():
+    if proc.returncode != 0 or not common.cluster_answers():
         raise RuntimeError(f".ci/slurm-up failed (exit {proc.returncode}): {proc.stderr[-1500:]}")
     return False
 
@@ -103,13 +92,6 @@ def cluster_down_if_idle(was_running: bool = False) -> str:
         return f"left running: started by this script, but jobs {', '.join(queued)} are queued"
     proc = sh("bash", str(REPO / ".ci" / "slurm-down"), timeout=120)
     return "stopped (.ci/slurm-down): started by this script" if proc.returncode == 0 else f"slurm-down failed: {proc.stderr[-300:]}"
-
-
-def job_state(job_id: str) -> str:
-    try:
-        return sh("squeue", "-h", "-j", job_id, "-o", "%T", timeout=10).stdout.strip()
-    except subprocess.TimeoutExpired:
-        return "?"
 
 
 # ----------------------------------------------------------------------------- watchers
@@ -144,7 +126,7 @@ class JobStates:
         self._lock = threading.Lock()
 
     def poll(self) -> None:
-        state = job_state(self.job_id)
+        state = common.squeue_state(self.job_id)
         now = time.time()
         with self._lock:
             if not self.transitions or self.transitions[-1][1] != state:
@@ -257,29 +239,10 @@ class JobProcs:
 
 # ----------------------------------------------------------------------------- one trial
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float, job: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise RuntimeError(f"job {job}: {what} did not happen within {timeout:.0f} s (state {job_state(job)!r})")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+    value = common.poll_until(predicate, timeout)
+    if not value:
+        raise RuntimeError(f"job {job}: {what} did not happen within {timeout:.0f} s (state {common.squeue_state(job)!r})")
+    return value
 
 
 def first_event(events: list[dict[str, Any]], name: str, after: float, **match: Any) -> dict[str, Any]:
@@ -356,8 +319,8 @@ def analyse(
     natural: bool,
     transitions: list[tuple[float, str]],
 ) -> dict[str, Any]:
-    events = read_jsonl(ckpt / "run" / "events.jsonl")
-    index = read_jsonl(ckpt / "index.jsonl")
+    events = common.read_jsonl(ckpt / "run" / "events.jsonl")
+    index = common.read_jsonl(ckpt / "index.jsonl")
     stop_req = first_event(events, "stop_requested", t_usr1)
     stopped = first_event(events, "stopped_for_requeue", t_usr1)
     stop_step = int(stopped["step"])

@@ -55,11 +55,17 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))  # bench/common.py: the benchmarks' shared helpers
+import common
+
+from ckpt_tool.supervise.processes import kill_tree
+
 OURS_PY = REPO / ".venv" / "bin" / "python"
 VENVS = Path(os.environ.get("PEERS_VENVS", HERE / ".venvs"))
 FAULT_AT, STEPS, STEADY_STEPS, CAP_S = 25, 60, 80, 45.0
 KINDS = ("crash", "hang", "usr1", "steady")
-SAVE_EVERY = 10
+POLL_S = 0.005  # how often the moments measured (a process gone, a step logged) are looked for
+SAVE_EVERY = 10  # workload.SAVE_EVERY (not imported here: workload loads torch and the model)
 
 
 @dataclass
@@ -188,47 +194,24 @@ NVRX_OPTIONS = ("--ft-initial-rank-heartbeat-timeout", "60", "--ft-rank-heartbea
                 "--ft-workload-check-interval", "1", "--ft-enable-nic-monitor", "false")  # fmt: skip
 
 
-def read_steps(path: Path) -> list[dict[str, Any]]:
-    """The step log's lines (a torn last line skipped)."""
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows
-
-
-def wait_until(done: Callable[[], Any], timeout: float, poll: float = 0.005) -> Any:
-    """``done()``'s first truthy value, polled; None after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = done()
-        if value:
-            return value
-        time.sleep(poll)
-    return None
-
-
 def start(fw: Launch, work: Path, steps: int) -> subprocess.Popen:
     """Launch ``fw``'s training in ``work`` (its own session, output to ``work/log.txt``)."""
     work.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **fw.env}
-    log = open(work / "log.txt", "wb")
-    return subprocess.Popen(
-        fw.command(work / "ckpt", work / "steps", steps), stdout=log, stderr=subprocess.STDOUT, cwd=work, env=env, start_new_session=True
-    )
+    with open(work / "log.txt", "wb") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            fw.command(work / "ckpt", work / "steps", steps),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=work,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """Kill the trial's whole session (a frozen rank included)."""
-    try:
-        for p in psutil.Process(proc.pid).children(recursive=True):
-            p.kill()
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-        pass
+    """Kill the trial's whole tree (a frozen rank included; the launchers' workers sit in sessions of their own)."""
+    kill_tree([proc.pid])
     proc.wait()
 
 
@@ -237,20 +220,25 @@ def fault_trial(fw: Launch, kind: str, work: Path) -> dict[str, Any]:
     proc = start(fw, work, STEPS)
     steps0, steps1 = work / "steps" / "rank_0.jsonl", work / "steps" / "rank_1.jsonl"
     try:
-        if not wait_until(lambda: any(r["step"] >= FAULT_AT for r in read_steps(steps0)), 180, 0.02):
+        if not common.poll_until(lambda: any(r["step"] >= FAULT_AT for r in common.read_jsonl(steps0)), 180, 0.02):
             return {"error": f"never reached step {FAULT_AT}: {(work / 'log.txt').read_text(errors='replace')[-600:]}"}
         time.sleep(random.uniform(0, 0.05))
-        before0, before1 = read_steps(steps0), read_steps(steps1)
+        before0, before1 = common.read_jsonl(steps0), common.read_jsonl(steps1)
         victim, survivor = before1[-1]["pid"], before0[-1]["pid"]
         reached = max(r["step"] for r in before0)
         t_fault = time.time()
         os.kill(victim, signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
-        gone = wait_until(lambda: not psutil.pid_exists(survivor) or psutil.Process(survivor).status() == psutil.STATUS_ZOMBIE, CAP_S)
+        gone = common.poll_until(
+            lambda: not psutil.pid_exists(survivor) or psutil.Process(survivor).status() == psutil.STATUS_ZOMBIE, CAP_S, POLL_S
+        )
         t_gone = time.time() if gone else None
-        back = wait_until(lambda: going_again(read_steps(steps0), len(before0), survivor), max(0.0, CAP_S - (time.time() - t_fault)))
-        rejoined = wait_until(
-            lambda: next((r for r in read_steps(steps1)[len(before1) :] if r["pid"] != victim), None),
+        back = common.poll_until(
+            lambda: going_again(common.read_jsonl(steps0), len(before0), survivor), max(0.0, CAP_S - (time.time() - t_fault)), POLL_S
+        )
+        rejoined = common.poll_until(
+            lambda: next((r for r in common.read_jsonl(steps1)[len(before1) :] if r["pid"] != victim), None),
             max(0.0, CAP_S - (time.time() - t_fault)),
+            POLL_S,
         )
         return {
             "detection_s": None if t_gone is None else t_gone - t_fault,
@@ -285,7 +273,7 @@ def steady_trial(fw: Launch, work: Path) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         stop(proc)
         return {"error": "did not finish in 300 s"}
-    rows = read_steps(work / "steps" / "rank_0.jsonl")
+    rows = common.read_jsonl(work / "steps" / "rank_0.jsonl")
     gaps = {b["step"]: b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False) if b["step"] == a["step"] + 1}
     # the save of step k is made before step k is logged (the gap ending at k); an async save's copy
     # overlaps step k+1 (the gap ending at k+1): a checkpoint's cost is both gaps' excess
@@ -302,19 +290,9 @@ def steady_trial(fw: Launch, work: Path) -> dict[str, Any]:
 USR1_STEPS = 400  # the job trains on after the resume until the trial cancels it
 
 
-def squeue_state(job: str) -> str:
-    """The job's state in squeue (RUNNING, PENDING, COMPLETING...; "" once it is gone)."""
-    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
-    return out.stdout.strip()
-
-
 def slurm_missing() -> str | None:
     """Why the USR1 trials cannot run here (None: a SLURM cluster answers)."""
-    try:
-        ok = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return None if ok else "no SLURM cluster answers `sinfo` here: start one with make slurm-up"
+    return None if common.cluster_answers() else "no SLURM cluster answers `sinfo` here: start one with make slurm-up"
 
 
 def usr1_trial(fw: Launch, work: Path) -> dict[str, Any]:
@@ -333,22 +311,22 @@ def usr1_trial(fw: Launch, work: Path) -> dict[str, Any]:
     job = out.stdout.split()[0].split(";")[0]
     steps0 = work / "steps" / "rank_0.jsonl"
     try:
-        if not wait_until(lambda: any(r["step"] >= FAULT_AT for r in read_steps(steps0)) and fw.ready(work, job), 180, 0.02):
-            return {"error": f"job {job} never reached step {FAULT_AT} (state {squeue_state(job)!r})"}
-        old = read_steps(steps0)[-1]["pid"]
+        if not common.poll_until(lambda: any(r["step"] >= FAULT_AT for r in common.read_jsonl(steps0)) and fw.ready(work, job), 180, 0.02):
+            return {"error": f"job {job} never reached step {FAULT_AT} (state {common.squeue_state(job)!r})"}
+        old = common.read_jsonl(steps0)[-1]["pid"]
         t_fault = time.time()
         subprocess.run(["scancel", "--signal=USR1", *(["--batch"] if fw.usr1_to_batch else []), job], check=True, timeout=30)
-        if not wait_until(lambda: squeue_state(job) == "PENDING", CAP_S, 0.05):
-            return {"back_s": None, "error": f"job {job} not requeued within {CAP_S:.0f} s (state {squeue_state(job)!r})"}
+        if not common.poll_until(lambda: common.squeue_state(job) == "PENDING", CAP_S, 0.05):
+            return {"back_s": None, "error": f"job {job} not requeued within {CAP_S:.0f} s (state {common.squeue_state(job)!r})"}
         t_pending = time.time()
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+1"], capture_output=True, timeout=30)
-        if not wait_until(lambda: squeue_state(job) not in ("PENDING", ""), 120, 0.05):
-            return {"back_s": None, "error": f"job {job} did not start again (state {squeue_state(job)!r})"}
+        if not common.poll_until(lambda: common.squeue_state(job) not in ("PENDING", ""), 120, 0.05):
+            return {"back_s": None, "error": f"job {job} did not start again (state {common.squeue_state(job)!r})"}
         t_running = time.time()
-        back = wait_until(lambda: next((r for r in read_steps(steps0) if r["pid"] != old), None), CAP_S)
+        back = common.poll_until(lambda: next((r for r in common.read_jsonl(steps0) if r["pid"] != old), None), CAP_S, POLL_S)
         if back is None:
             return {"back_s": None, "error": f"job {job} trained no step within {CAP_S:.0f} s of its restart"}
-        reached = max(r["step"] for r in read_steps(steps0) if r["pid"] == old)
+        reached = max(r["step"] for r in common.read_jsonl(steps0) if r["pid"] == old)
         queue_s = t_running - t_pending
         return {
             "back_s": back["time"] - t_fault - queue_s,
@@ -359,7 +337,7 @@ def usr1_trial(fw: Launch, work: Path) -> dict[str, Any]:
         }
     finally:
         subprocess.run(["scancel", job], capture_output=True, timeout=30)
-        wait_until(lambda: squeue_state(job) == "", 60, 0.2)
+        common.poll_until(lambda: common.squeue_state(job) == "", 60, 0.2)
 
 
 USR1_KEYS = ("back_s", "stop_s", "queue_s", "start_s", "steps_lost")
