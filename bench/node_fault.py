@@ -37,7 +37,7 @@ from typing import Any
 
 import common
 from common import Result, Row, Stats
-from requeue_chain import cluster_down_if_idle, cluster_up, job_state, sh
+from requeue_chain import cluster_down_if_idle, cluster_up, sh
 
 from ckpt_tool.recipes.launch import ckpt_submit_command
 
@@ -62,9 +62,9 @@ def run_job(
         raise RuntimeError(f"ckpt submit failed: {proc.stderr[-1500:]}")
     job_id = proc.stdout.split()[0]
     deadline = time.monotonic() + 600
-    while job_state(job_id) != "" and time.monotonic() < deadline:
+    while common.squeue_state(job_id) != "" and time.monotonic() < deadline:
         time.sleep(0.5)
-    if job_state(job_id) != "":
+    if common.squeue_state(job_id) != "":
         sh("scancel", job_id)
         raise RuntimeError(f"job {job_id} did not finish in 600 s")
     events = [json.loads(line) for line in (ckpt / "run" / "events.jsonl").read_text().splitlines() if line.strip()]
